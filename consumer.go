@@ -1,0 +1,16 @@
+package tinymq
+
+import "context"
+
+// ConsumerFunc handles one message of a queue.
+//
+// Returning nil acknowledges the message. Returning an error, or panicking, makes
+// the delivery a failure: TinyMQ logs it with the exchange, queue and message ID
+// (and the stack, for a panic, which reaches the log as a [*PanicError]) and goes
+// on with the next message on the same worker.
+//
+// ctx is cancelled when the ctx given to [MQ.Start] is cancelled, or when
+// [MQ.Shutdown]'s deadline passes; a consumer that may run long should honour it.
+// The workers of one queue call the consumer concurrently, so it must be safe
+// for that when the queue's concurrency is above 1.
+type ConsumerFunc func(ctx context.Context, msg *Msg) error

@@ -1,0 +1,95 @@
+package tinymq
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors returned by TinyMQ. Errors returned by the library wrap one of
+// these with more context, so match them with [errors.Is].
+var (
+	// ErrStopped is returned by Publish, RegisterQueue, Bind and Start once Stop or
+	// Shutdown has begun.
+	ErrStopped = errors.New("tinymq: stopped")
+
+	// ErrAlreadyStarted is returned by a second call to Start.
+	ErrAlreadyStarted = errors.New("tinymq: already started")
+
+	// ErrEmptyName is returned when an exchange or queue name is empty.
+	ErrEmptyName = errors.New("tinymq: empty name")
+
+	// ErrNilConsumer is returned by RegisterQueue when the consumer is nil.
+	ErrNilConsumer = errors.New("tinymq: nil consumer")
+
+	// ErrInvalidConcurrency is returned by RegisterQueue when concurrency is below 1.
+	ErrInvalidConcurrency = errors.New("tinymq: concurrency must be at least 1")
+
+	// ErrInvalidKind is returned for an ExchangeType that is not one of the declared
+	// constants.
+	ErrInvalidKind = errors.New("tinymq: invalid exchange kind")
+
+	// ErrExchangeMismatch is returned when an exchange is declared again with another
+	// kind or other options than it already has.
+	ErrExchangeMismatch = errors.New("tinymq: exchange already declared differently")
+
+	// ErrUnknownExchange is returned by Publish for an exchange that was never declared.
+	ErrUnknownExchange = errors.New("tinymq: unknown exchange")
+
+	// ErrUnknownQueue is returned by Bind for a queue that was never registered.
+	ErrUnknownQueue = errors.New("tinymq: unknown queue")
+
+	// ErrDuplicateQueue is returned by RegisterQueue when a queue of that name exists.
+	ErrDuplicateQueue = errors.New("tinymq: queue already registered")
+
+	// ErrNoRoute is returned by Publish when no queue would receive the message and
+	// no alternate exchange took it. The message was not accepted.
+	ErrNoRoute = errors.New("tinymq: no route")
+
+	// ErrInvalidBinding is returned for binding options that make no sense for the
+	// exchange kind or cannot match anything: a binding key on a fanout or headers
+	// exchange, binding arguments on a non-headers exchange, a direct or topic queue
+	// without a binding key, an unknown x-match value, or an argument of a type
+	// that has no AMQP equivalent.
+	ErrInvalidBinding = errors.New("tinymq: invalid binding")
+
+	// ErrKeyTooLong is returned for a binding or routing key longer than 255 bytes,
+	// the AMQP limit.
+	ErrKeyTooLong = errors.New("tinymq: key longer than 255 bytes")
+
+	// ErrInvalidHeaders is returned by Publish when a header value has a type that
+	// has no AMQP equivalent (see [WithHeaders]).
+	ErrInvalidHeaders = errors.New("tinymq: invalid headers")
+
+	// ErrInvalidOption is returned for an option that is nil, out of range, or not
+	// allowed in that call.
+	ErrInvalidOption = errors.New("tinymq: invalid option")
+
+	// ErrUndelivered is wrapped by the error of Shutdown (and logged by Stop) when
+	// accepted messages could not be handed to a consumer: the deadline expired, or
+	// the MQ was stopped before it was started.
+	ErrUndelivered = errors.New("tinymq: accepted messages not delivered")
+)
+
+// PanicError is the error a consumer's panic becomes. It is logged and counted as
+// a failed delivery; the worker that recovered it goes on with the next message.
+type PanicError struct {
+	// Value is what the consumer passed to panic.
+	Value any
+	// Stack is the stack of the panicking goroutine, as [runtime/debug.Stack]
+	// formats it.
+	Stack []byte
+}
+
+// Error returns the panic value; the stack is in Stack.
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("tinymq: panic: %v", e.Value)
+}
+
+// Unwrap returns the panic value when it is an error, so that errors.Is and
+// errors.As see through a panic(err).
+func (e *PanicError) Unwrap() error {
+	if err, ok := e.Value.(error); ok {
+		return err
+	}
+	return nil
+}

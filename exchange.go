@@ -1,0 +1,299 @@
+package tinymq
+
+import (
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"sync/atomic"
+)
+
+// ExchangeType is the routing rule of an exchange, as in RabbitMQ.
+type ExchangeType uint8
+
+const (
+	// Fanout delivers every message to every bound queue; keys and headers are
+	// ignored.
+	Fanout ExchangeType = iota + 1
+	// Direct delivers a message to the queues bound with a binding key equal to
+	// its routing key (byte-wise, case-sensitive).
+	Direct
+	// Topic delivers a message to the queues bound with a pattern matching its
+	// routing key: words separated by '.', "*" matching exactly one word and "#"
+	// zero or more.
+	Topic
+	// Headers delivers a message to the queues whose binding arguments match its
+	// headers, with x-match "all" (the default), "any", "all-with-x" or
+	// "any-with-x".
+	Headers
+)
+
+// String returns the RabbitMQ name of the kind: "fanout", "direct", "topic" or
+// "headers".
+func (k ExchangeType) String() string {
+	switch k {
+	case Fanout:
+		return "fanout"
+	case Direct:
+		return "direct"
+	case Topic:
+		return "topic"
+	case Headers:
+		return "headers"
+	}
+	return fmt.Sprintf("ExchangeType(%d)", uint8(k))
+}
+
+func (k ExchangeType) valid() bool { return k >= Fanout && k <= Headers }
+
+// ExchangeOption configures an exchange in [MQ.DeclareExchange].
+type ExchangeOption interface {
+	applyExchange(*exchangeConfig)
+}
+
+type exchangeConfig struct {
+	alternate string
+}
+
+type exchangeOptionFunc func(*exchangeConfig)
+
+func (f exchangeOptionFunc) applyExchange(c *exchangeConfig) { f(c) }
+
+// WithAlternateExchange names the exchange that receives, with the same routing
+// key and headers, every message this exchange cannot route to any queue, as
+// RabbitMQ's alternate-exchange argument does. Publish returns [ErrNoRoute] only
+// when the alternate exchange cannot route it either (or does not exist).
+func WithAlternateExchange(name string) ExchangeOption {
+	return exchangeOptionFunc(func(c *exchangeConfig) { c.alternate = name })
+}
+
+// exchange stamps messages with a sequence number and routes copies of them to
+// its bound queues. Its bindings are guarded by the MQ's lock: read under the
+// read lock by Publish, changed under the write lock.
+type exchange struct {
+	name string
+	kind ExchangeType
+	cfg  exchangeConfig
+	seq  atomic.Uint64
+
+	all     []*queue            // fanout: every bound queue; headers: every queue with bindings
+	direct  map[string][]*queue // direct: binding key -> queues
+	topic   topicTrie           // topic
+	headers map[*queue][]headersBinding
+}
+
+func newExchange(name string, kind ExchangeType, cfg exchangeConfig) *exchange {
+	e := &exchange{name: name, kind: kind, cfg: cfg}
+	switch kind {
+	case Direct:
+		e.direct = make(map[string][]*queue)
+	case Headers:
+		e.headers = make(map[*queue][]headersBinding)
+	}
+	return e
+}
+
+// binding is what one queue asks of one exchange.
+type binding struct {
+	keys    []string
+	args    []map[string]any
+	hasArgs bool
+}
+
+// checkBinding validates b for the exchange kind and parses headers arguments.
+func checkBinding(kind ExchangeType, b binding) ([]headersBinding, error) {
+	for _, k := range b.keys {
+		if len(k) > maxKeyLen {
+			return nil, fmt.Errorf("binding key %.20q...: %w", k, ErrKeyTooLong)
+		}
+	}
+	switch kind {
+	case Fanout:
+		if len(b.keys) > 0 || b.hasArgs {
+			return nil, fmt.Errorf("%w: a fanout exchange takes no binding key or arguments", ErrInvalidBinding)
+		}
+	case Direct, Topic:
+		if b.hasArgs {
+			return nil, fmt.Errorf("%w: a %s exchange takes no binding arguments", ErrInvalidBinding, kind)
+		}
+		if len(b.keys) == 0 {
+			return nil, fmt.Errorf("%w: a %s exchange needs WithBindingKey", ErrInvalidBinding, kind)
+		}
+	case Headers:
+		if len(b.keys) > 0 {
+			return nil, fmt.Errorf("%w: a headers exchange routes by WithBindingArgs, not by binding key", ErrInvalidBinding)
+		}
+		args := b.args
+		if len(args) == 0 {
+			args = []map[string]any{nil} // no arguments: x-match all, matches everything
+		}
+		hbs := make([]headersBinding, 0, len(args))
+		for _, a := range args {
+			hb, err := parseHeadersBinding(a)
+			if err != nil {
+				return nil, err
+			}
+			hbs = append(hbs, hb)
+		}
+		return hbs, nil
+	}
+	return nil, nil
+}
+
+// bind adds q's bindings. The caller holds the MQ's write lock and has
+// validated the binding with checkBinding.
+func (e *exchange) bind(q *queue, b binding, hbs []headersBinding) {
+	switch e.kind {
+	case Fanout:
+		if !slices.Contains(e.all, q) {
+			e.all = append(e.all, q)
+		}
+	case Direct:
+		for _, k := range b.keys {
+			if !slices.Contains(e.direct[k], q) {
+				e.direct[k] = append(e.direct[k], q)
+			}
+		}
+	case Topic:
+		for _, k := range b.keys {
+			e.topic.add(k, q)
+		}
+	case Headers:
+		if _, ok := e.headers[q]; !ok {
+			e.all = append(e.all, q)
+		}
+		e.headers[q] = append(e.headers[q], hbs...)
+	}
+}
+
+// route appends to dst each queue that the message matches, once. The caller
+// holds the MQ's read lock.
+func (e *exchange) route(key string, h map[string]any, dst []*queue) []*queue {
+	switch e.kind {
+	case Fanout:
+		return append(dst, e.all...)
+	case Direct:
+		return append(dst, e.direct[key]...)
+	case Topic:
+		start := len(dst)
+		dst = e.topic.match(key, dst)
+		return dedupe(dst, start)
+	case Headers:
+		for _, q := range e.all {
+			for i := range e.headers[q] {
+				if e.headers[q][i].match(h) {
+					dst = append(dst, q)
+					break
+				}
+			}
+		}
+	}
+	return dst
+}
+
+// dedupe removes repeated queues from dst[start:], keeping the first of each.
+func dedupe(dst []*queue, start int) []*queue {
+	s := dst[start:]
+	if len(s) < 2 {
+		return dst
+	}
+	if len(s) <= 16 {
+		n := 1
+		for i := 1; i < len(s); i++ {
+			if !slices.Contains(s[:n], s[i]) {
+				s[n] = s[i]
+				n++
+			}
+		}
+		return dst[:start+n]
+	}
+	slices.SortFunc(s, func(a, b *queue) int { return a.id - b.id })
+	return dst[:start+len(slices.Compact(s))]
+}
+
+// Publish routes data through the named exchange and accepts it into every
+// matching queue, where each gets its own [Msg] sharing data. It returns nil once
+// the message is accepted; delivery happens later on the queues' workers, so
+// Publish never blocks on a consumer. Queues are unbounded.
+//
+// It returns an error, and the message is not accepted anywhere, when: the
+// exchange does not exist ([ErrUnknownExchange]); no queue matches and no
+// alternate exchange takes the message ([ErrNoRoute]); an option is invalid
+// ([ErrKeyTooLong], [ErrInvalidHeaders], [ErrInvalidOption]); a filter panics
+// ([*PanicError]); or Stop has begun ([ErrStopped]). Publishing before Start is
+// allowed: the message waits for Start. It is safe for concurrent use.
+func (m *MQ) Publish(exchange string, data any, opts ...PublishOption) error {
+	var pc publishConfig
+	if len(opts) > 0 {
+		if err := pc.apply(opts); err != nil {
+			return err
+		}
+	}
+	m.mu.RLock()
+	err := m.publishLocked(exchange, data, &pc)
+	m.mu.RUnlock()
+	return err
+}
+
+// publishLocked routes and enqueues under the read lock, so that Stop, which
+// takes the write lock before it closes the queues, sees each publish either
+// completely or not at all.
+func (m *MQ) publishLocked(name string, data any, pc *publishConfig) error {
+	if m.state >= stateStopping {
+		return ErrStopped
+	}
+	ex := m.exchanges[name]
+	if ex == nil {
+		return fmt.Errorf("%w: %q", ErrUnknownExchange, name)
+	}
+	var qbuf [8]*queue
+	var mbuf [8]*Msg
+	var id uint64
+	// Follow alternate exchanges; a cycle ends after every exchange was tried.
+	for cur, hops := ex, 0; cur != nil && hops <= len(m.exchanges); hops++ {
+		dst := cur.route(pc.routingKey, pc.headers, qbuf[:0])
+		if len(dst) > 0 {
+			if id == 0 {
+				id = ex.seq.Add(1)
+			}
+			msgs := mbuf[:0]
+			for _, q := range dst {
+				msg := &Msg{ID: id, Exchange: ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: data}
+				if q.filter != nil {
+					keep, err := runFilter(q.filter, msg)
+					if err != nil {
+						return err
+					}
+					if !keep {
+						msg = nil
+					}
+				}
+				msgs = append(msgs, msg)
+			}
+			accepted := false
+			for i, msg := range msgs {
+				if msg != nil {
+					dst[i].push(msg) // cannot fail: queues close only after Stop took the write lock
+					accepted = true
+				}
+			}
+			if accepted {
+				return nil
+			}
+		}
+		if cur.cfg.alternate == "" {
+			break
+		}
+		cur = m.exchanges[cur.cfg.alternate]
+	}
+	return fmt.Errorf("%w: exchange %q, routing key %q", ErrNoRoute, name, pc.routingKey)
+}
+
+// runFilter calls a queue's filter, turning a panic into an error.
+func runFilter(keep func(*Msg) bool, msg *Msg) (ok bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return keep(msg), nil
+}

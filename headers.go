@@ -1,0 +1,290 @@
+package tinymq
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// This file holds AMQP field values and the headers exchange's matching rule.
+//
+// Go values map to AMQP 0-9-1 field types as a RabbitMQ client would send them:
+//
+//	nil                 V  void
+//	bool                t  boolean
+//	int8, uint8         b  short-short-int
+//	int16               s  short-int
+//	int32, uint16       I  long-int
+//	int, int64, uint32,
+//	uint, uint64        l  long-long-int (values above MaxInt64 are rejected)
+//	float32             f  float
+//	float64             d  double
+//	string              S  long string
+//	[]byte              x  byte array
+//	time.Time           T  timestamp (whole seconds)
+//	[]any               A  array
+//	map[string]any      F  table
+//
+// RabbitMQ's headers exchange compares a binding argument with a header by
+// Erlang's == on the two values, ignoring their field types. So 1 (int32) equals
+// 1 (int64) and 1.0 (float64), a string equals a []byte of the same bytes, and a
+// timestamp equals the integer of its Unix seconds. Inside arrays and tables the
+// elements are {type, value} pairs, so there the types must be equal too. A
+// binding argument of type void (nil) matches any header of that name, whatever
+// its value. Nested tables are compared by key, not in wire order.
+
+const maxKeyLen = 255
+
+// fieldTag returns the AMQP field type of v, or 0 when v has none.
+func fieldTag(v any) byte {
+	switch v := v.(type) {
+	case nil:
+		return 'V'
+	case bool:
+		return 't'
+	case int8, uint8:
+		return 'b'
+	case int16:
+		return 's'
+	case int32, uint16:
+		return 'I'
+	case int, int64, uint32:
+		return 'l'
+	case uint:
+		if uint64(v) > math.MaxInt64 {
+			return 0
+		}
+		return 'l'
+	case uint64:
+		if v > math.MaxInt64 {
+			return 0
+		}
+		return 'l'
+	case float32:
+		return 'f'
+	case float64:
+		return 'd'
+	case string:
+		return 'S'
+	case []byte:
+		return 'x'
+	case time.Time:
+		return 'T'
+	case []any:
+		return 'A'
+	case map[string]any:
+		return 'F'
+	}
+	return 0
+}
+
+// validateValue reports an error for a value, or an element of one, that has no
+// AMQP field type.
+func validateValue(path string, v any) error {
+	switch fieldTag(v) {
+	case 0:
+		return fmt.Errorf("%s: %T has no AMQP field type", path, v)
+	case 'A':
+		for i, e := range v.([]any) {
+			if err := validateValue(fmt.Sprintf("%s[%d]", path, i), e); err != nil {
+				return err
+			}
+		}
+	case 'F':
+		return validateTable(v.(map[string]any))
+	}
+	return nil
+}
+
+func validateTable(t map[string]any) error {
+	for k, v := range t {
+		if len(k) > maxKeyLen {
+			return fmt.Errorf("key %.20q...: %w", k, ErrKeyTooLong)
+		}
+		if err := validateValue(fmt.Sprintf("%q", k), v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// asInt returns v as an integer when it is one; timestamps count as integers of
+// seconds, as RabbitMQ stores them. Validated values fit in an int64.
+func asInt(v any) (int64, bool) {
+	switch v := v.(type) {
+	case int:
+		return int64(v), true
+	case int8:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int32:
+		return int64(v), true
+	case int64:
+		return v, true
+	case uint:
+		return int64(v), true
+	case uint8:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	case uint32:
+		return int64(v), true
+	case uint64:
+		return int64(v), true
+	case time.Time:
+		return v.Unix(), true
+	}
+	return 0, false
+}
+
+func asFloat(v any) (float64, bool) {
+	switch v := v.(type) {
+	case float32:
+		return float64(v), true
+	case float64:
+		return v, true
+	}
+	return 0, false
+}
+
+func asBytes(v any) (string, bool) {
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case []byte:
+		return string(v), true
+	}
+	return "", false
+}
+
+// valuesEqual is Erlang's == on two decoded AMQP field values.
+func valuesEqual(a, b any) bool {
+	if ai, ok := asInt(a); ok {
+		if bi, ok := asInt(b); ok {
+			return ai == bi
+		}
+		if bf, ok := asFloat(b); ok {
+			return float64(ai) == bf
+		}
+		return false
+	}
+	if af, ok := asFloat(a); ok {
+		if bf, ok := asFloat(b); ok {
+			return af == bf
+		}
+		if bi, ok := asInt(b); ok {
+			return af == float64(bi)
+		}
+		return false
+	}
+	if as, ok := asBytes(a); ok {
+		bs, ok := asBytes(b)
+		return ok && as == bs
+	}
+	switch a := a.(type) {
+	case nil:
+		return b == nil
+	case bool:
+		bb, ok := b.(bool)
+		return ok && a == bb
+	case []any:
+		bb, ok := b.([]any)
+		if !ok || len(a) != len(bb) {
+			return false
+		}
+		for i := range a {
+			if !fieldsEqual(a[i], bb[i]) {
+				return false
+			}
+		}
+		return true
+	case map[string]any:
+		bb, ok := b.(map[string]any)
+		if !ok || len(a) != len(bb) {
+			return false
+		}
+		for k, av := range a {
+			bv, ok := bb[k]
+			if !ok || !fieldsEqual(av, bv) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// fieldsEqual compares two {type, value} pairs, as elements of arrays and tables are.
+func fieldsEqual(a, b any) bool {
+	return fieldTag(a) == fieldTag(b) && valuesEqual(a, b)
+}
+
+type xMatch uint8
+
+const (
+	matchAll xMatch = iota
+	matchAny
+	matchAllWithX
+	matchAnyWithX
+)
+
+// headersBinding is one binding of a headers exchange, parsed once at bind time.
+type headersBinding struct {
+	mode xMatch
+	keys []string
+	vals []any // nil entry: presence only (void)
+}
+
+func parseHeadersBinding(args map[string]any) (headersBinding, error) {
+	b := headersBinding{mode: matchAll}
+	if err := validateTable(args); err != nil {
+		return b, fmt.Errorf("%w: %w", ErrInvalidBinding, err)
+	}
+	if xm, ok := args["x-match"]; ok {
+		s, ok := xm.(string)
+		if !ok {
+			return b, fmt.Errorf("%w: x-match is %T, want a string", ErrInvalidBinding, xm)
+		}
+		switch s {
+		case "all":
+			b.mode = matchAll
+		case "any":
+			b.mode = matchAny
+		case "all-with-x":
+			b.mode = matchAllWithX
+		case "any-with-x":
+			b.mode = matchAnyWithX
+		default:
+			return b, fmt.Errorf("%w: x-match %q, want all, any, all-with-x or any-with-x", ErrInvalidBinding, s)
+		}
+	}
+	withX := b.mode == matchAllWithX || b.mode == matchAnyWithX
+	for k, v := range args {
+		if k == "x-match" || (!withX && strings.HasPrefix(k, "x-")) {
+			continue
+		}
+		b.keys = append(b.keys, k)
+		b.vals = append(b.vals, v)
+	}
+	return b, nil
+}
+
+// match reports whether headers h satisfy the binding, as RabbitMQ's headers
+// exchange decides it: with all, every argument must match (no arguments: any
+// message matches); with any, at least one must (no arguments: none matches).
+func (b *headersBinding) match(h map[string]any) bool {
+	all := b.mode == matchAll || b.mode == matchAllWithX
+	for i, k := range b.keys {
+		v, ok := h[k]
+		ok = ok && (b.vals[i] == nil || valuesEqual(b.vals[i], v))
+		if all && !ok {
+			return false
+		}
+		if !all && ok {
+			return true
+		}
+	}
+	return all
+}

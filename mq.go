@@ -1,0 +1,400 @@
+package tinymq
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+)
+
+type mqState uint8
+
+const (
+	stateNew mqState = iota
+	stateRunning
+	stateStopping // no more publishes; workers drain the queues
+)
+
+// MQ is a registry of exchanges and the queues bound to them. Create one with
+// [New]; all its methods are safe for concurrent use.
+type MQ struct {
+	log *slog.Logger
+
+	// mu guards everything below it. Publish holds the read lock while it routes
+	// and enqueues (which never blocks on a consumer); declaring, binding,
+	// starting and stopping take the write lock.
+	mu        sync.RWMutex
+	state     mqState
+	exchanges map[string]*exchange
+	queues    map[string]*queue
+	order     []*queue       // queues in registration order
+	ctx       context.Context // the consumers' context, from Start
+	cancel    context.CancelFunc
+	stopAfter func() bool // unregisters the stop on Start's ctx
+
+	wg       sync.WaitGroup // every worker
+	stopOnce sync.Once
+	done     chan struct{} // closed when every worker has returned
+	stopErr  error         // set before done is closed
+
+	abortOnce   sync.Once
+	abortCounts [2]uint64 // undelivered, still in consumers
+}
+
+// New returns an MQ with no exchanges. Publishing is possible at once; delivery
+// begins with [MQ.Start].
+func New(opts ...Option) *MQ {
+	m := &MQ{
+		log:       discardLogger,
+		exchanges: make(map[string]*exchange),
+		queues:    make(map[string]*queue),
+		done:      make(chan struct{}),
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.applyMQ(m)
+		}
+	}
+	return m
+}
+
+// QueueOption configures a queue in [MQ.RegisterQueue], or a binding in [MQ.Bind].
+type QueueOption interface {
+	applyQueue(*queueConfig) error
+}
+
+type queueConfig struct {
+	name      string
+	filter    func(*Msg) bool
+	binding   binding
+	queueOnly bool // an option that Bind does not take was given
+}
+
+type queueOptionFunc func(*queueConfig) error
+
+func (f queueOptionFunc) applyQueue(c *queueConfig) error { return f(c) }
+
+// WithQueueName names the queue; names are unique within an MQ and appear in logs
+// and in [Msg.Queue]. By default a queue is named after its exchange and its
+// registration number, as "events#3".
+func WithQueueName(name string) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		if name == "" {
+			return fmt.Errorf("%w: queue name", ErrEmptyName)
+		}
+		c.name, c.queueOnly = name, true
+		return nil
+	})
+}
+
+// WithBindingKey binds the queue with key: the exact routing key on a direct
+// exchange, a pattern on a topic exchange. Give it several times to bind one
+// queue with several keys; a message that matches several of them is still
+// delivered to the queue once. Direct and topic queues need at least one;
+// fanout and headers exchanges take none.
+func WithBindingKey(key string) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		c.binding.keys = append(c.binding.keys, key)
+		return nil
+	})
+}
+
+// WithBindingArgs binds the queue to a headers exchange with AMQP binding
+// arguments: "x-match" ("all", the default, "any", "all-with-x" or "any-with-x")
+// and the header values to match; a nil value matches any value of that header.
+// Give it several times for several bindings; a message matching any of them is
+// delivered to the queue once. Only headers exchanges take it.
+func WithBindingArgs(args map[string]any) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		c.binding.args = append(c.binding.args, args)
+		c.binding.hasArgs = true
+		return nil
+	})
+}
+
+// WithFilter drops, at publish time, the messages for which keep returns false,
+// after the binding has matched. keep runs on the publisher's goroutine with the
+// queue's copy of the message; it must be fast and safe for concurrent use. A
+// message that every matching queue filters out is unroutable. A panic in keep
+// makes Publish return an error wrapping a [*PanicError].
+func WithFilter(keep func(*Msg) bool) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		if keep == nil {
+			return fmt.Errorf("%w: nil filter", ErrInvalidOption)
+		}
+		c.filter, c.queueOnly = keep, true
+		return nil
+	})
+}
+
+func queueOptions(opts []QueueOption) (queueConfig, error) {
+	var c queueConfig
+	for _, o := range opts {
+		if o == nil {
+			return c, fmt.Errorf("%w: nil QueueOption", ErrInvalidOption)
+		}
+		if err := o.applyQueue(&c); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// DeclareExchange declares an exchange of the given kind, so that it can take
+// options such as [WithAlternateExchange]. Declaring an existing exchange again
+// with the same kind and options does nothing; with others it returns
+// [ErrExchangeMismatch]. [MQ.RegisterQueue] declares exchanges with no options on
+// first use, so declare an exchange that needs options before registering its
+// queues. It does not block on consumers; after Stop it returns [ErrStopped].
+func (m *MQ) DeclareExchange(name string, kind ExchangeType, opts ...ExchangeOption) error {
+	var cfg exchangeConfig
+	for _, o := range opts {
+		if o == nil {
+			return fmt.Errorf("%w: nil ExchangeOption", ErrInvalidOption)
+		}
+		o.applyExchange(&cfg)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.state >= stateStopping {
+		return ErrStopped
+	}
+	_, err := m.declareLocked(name, kind, cfg, true)
+	return err
+}
+
+// declareLocked returns the exchange name, declaring it if need be. With
+// checkCfg, an existing exchange must also have cfg.
+func (m *MQ) declareLocked(name string, kind ExchangeType, cfg exchangeConfig, checkCfg bool) (*exchange, error) {
+	if name == "" {
+		return nil, fmt.Errorf("%w: exchange name", ErrEmptyName)
+	}
+	if !kind.valid() {
+		return nil, fmt.Errorf("%w: %d", ErrInvalidKind, uint8(kind))
+	}
+	if ex := m.exchanges[name]; ex != nil {
+		if ex.kind != kind {
+			return nil, fmt.Errorf("%w: %q is %s, not %s", ErrExchangeMismatch, name, ex.kind, kind)
+		}
+		if checkCfg && ex.cfg != cfg {
+			return nil, fmt.Errorf("%w: %q has other options", ErrExchangeMismatch, name)
+		}
+		return ex, nil
+	}
+	ex := newExchange(name, kind, cfg)
+	m.exchanges[name] = ex
+	return ex, nil
+}
+
+// RegisterQueue declares the exchange on first use, creates a queue, binds it to
+// the exchange and has concurrency workers call consumer for its messages. With
+// concurrency 1, messages are delivered in the order they were published.
+//
+// It may be called before or after [MQ.Start]; a queue registered while running
+// starts at once and receives every message published after RegisterQueue
+// returns. It does not block on consumers. After Stop it returns [ErrStopped].
+// Invalid arguments return an error matching one of [ErrEmptyName],
+// [ErrInvalidKind], [ErrNilConsumer], [ErrInvalidConcurrency],
+// [ErrExchangeMismatch], [ErrDuplicateQueue], [ErrInvalidBinding],
+// [ErrKeyTooLong] or [ErrInvalidOption], and change nothing.
+func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer ConsumerFunc, concurrency int, opts ...QueueOption) error {
+	if consumer == nil {
+		return ErrNilConsumer
+	}
+	if concurrency < 1 {
+		return fmt.Errorf("%w: got %d", ErrInvalidConcurrency, concurrency)
+	}
+	cfg, err := queueOptions(opts)
+	if err != nil {
+		return err
+	}
+	if !kind.valid() {
+		return fmt.Errorf("%w: %d", ErrInvalidKind, uint8(kind))
+	}
+	hbs, err := checkBinding(kind, cfg.binding)
+	if err != nil {
+		return err
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.state >= stateStopping {
+		return ErrStopped
+	}
+	name := cfg.name
+	if name == "" {
+		name = fmt.Sprintf("%s#%d", exchange, len(m.order)+1)
+	}
+	if m.queues[name] != nil {
+		return fmt.Errorf("%w: %q", ErrDuplicateQueue, name)
+	}
+	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false)
+	if err != nil {
+		return err
+	}
+	q := newQueue(len(m.order), name, consumer, concurrency, cfg.filter, m.log)
+	m.queues[name] = q
+	m.order = append(m.order, q)
+	ex.bind(q, cfg.binding, hbs)
+	if m.state == stateRunning {
+		m.startWorkers(q)
+	}
+	return nil
+}
+
+// Bind binds an existing queue to another exchange, declaring that exchange on
+// first use, so that one queue (and its consumer) receives what several
+// exchanges route to it: for example a device's queue bound both to a fanout
+// exchange for broadcasts and to a topic exchange for its own messages. It takes
+// the binding options [WithBindingKey] and [WithBindingArgs], validated as in
+// RegisterQueue. It does not block on consumers; after Stop it returns
+// [ErrStopped].
+func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...QueueOption) error {
+	cfg, err := queueOptions(opts)
+	if err != nil {
+		return err
+	}
+	if cfg.queueOnly {
+		return fmt.Errorf("%w: Bind takes only WithBindingKey and WithBindingArgs", ErrInvalidOption)
+	}
+	if !kind.valid() {
+		return fmt.Errorf("%w: %d", ErrInvalidKind, uint8(kind))
+	}
+	hbs, err := checkBinding(kind, cfg.binding)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.state >= stateStopping {
+		return ErrStopped
+	}
+	q := m.queues[queue]
+	if q == nil {
+		return fmt.Errorf("%w: %q", ErrUnknownQueue, queue)
+	}
+	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false)
+	if err != nil {
+		return err
+	}
+	ex.bind(q, cfg.binding, hbs)
+	return nil
+}
+
+// startWorkers starts q's workers. The caller holds the write lock and the MQ
+// is running, so Stop cannot be waiting on the WaitGroup yet.
+func (m *MQ) startWorkers(q *queue) {
+	m.wg.Add(q.concurrency)
+	for range q.concurrency {
+		go q.work(m.ctx, &m.wg)
+	}
+}
+
+// Start starts the workers of every queue and returns; it does not block.
+// Messages published before Start are delivered now. The consumers' context is
+// derived from ctx: cancelling ctx cancels it and stops the MQ as [MQ.Stop]
+// does. Start returns [ErrAlreadyStarted] when called twice and [ErrStopped]
+// after Stop.
+func (m *MQ) Start(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", ErrInvalidOption)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch m.state {
+	case stateRunning:
+		return ErrAlreadyStarted
+	case stateStopping:
+		return ErrStopped
+	}
+	m.ctx, m.cancel = context.WithCancel(ctx)
+	m.state = stateRunning
+	for _, q := range m.order {
+		m.startWorkers(q)
+	}
+	m.stopAfter = context.AfterFunc(ctx, m.Stop)
+	return nil
+}
+
+// Stop stops accepting messages, waits until every message already accepted has
+// been handed to its consumer and every worker has returned, then cancels the
+// consumers' context. It blocks for as long as that takes; use [MQ.Shutdown] to
+// bound it. Stop is idempotent and safe to call concurrently: every call returns
+// once the MQ has stopped. Stop before Start delivers nothing: it logs how many
+// accepted messages it dropped.
+func (m *MQ) Stop() {
+	_ = m.Shutdown(context.Background())
+}
+
+// Shutdown is [MQ.Stop] bounded by ctx. It returns nil once every accepted
+// message has been handed to its consumer and every worker has returned. If ctx
+// ends first, it cancels the consumers' context, drops the messages that no
+// worker has begun, logs how many, and returns an error wrapping both
+// [ErrUndelivered] and ctx.Err() that says how many accepted messages were not
+// delivered. Workers still inside a consumer then return when the consumer
+// does; call Stop to wait for them. Shutdown before Start drops what was
+// published and returns an error wrapping ErrUndelivered if that was anything.
+func (m *MQ) Shutdown(ctx context.Context) error {
+	m.stopOnce.Do(m.beginStop)
+	select {
+	case <-m.done:
+		return m.stopErr
+	default:
+	}
+	select {
+	case <-m.done:
+		return m.stopErr
+	case <-ctx.Done():
+	}
+	m.abortOnce.Do(func() {
+		m.mu.RLock()
+		queues := slices.Clone(m.order)
+		m.mu.RUnlock()
+		m.cancel()
+		for _, q := range queues {
+			undelivered, running := q.abort()
+			m.abortCounts[0] += undelivered
+			m.abortCounts[1] += running
+			if undelivered > 0 {
+				m.log.LogAttrs(context.Background(), slog.LevelError, "tinymq: shutdown deadline passed, messages not delivered",
+					slog.String("queue", q.name), slog.Uint64("count", undelivered))
+			}
+		}
+	})
+	return fmt.Errorf("%w: %d accepted messages not delivered, %d still in consumers: %w",
+		ErrUndelivered, m.abortCounts[0], m.abortCounts[1], ctx.Err())
+}
+
+// beginStop stops publishing and lets the workers drain; it runs once.
+func (m *MQ) beginStop() {
+	m.mu.Lock()
+	prev := m.state
+	m.state = stateStopping
+	queues := slices.Clone(m.order)
+	m.mu.Unlock()
+
+	if prev == stateNew {
+		var dropped uint64
+		for _, q := range queues {
+			n, _ := q.abort()
+			dropped += n
+		}
+		if dropped > 0 {
+			m.stopErr = fmt.Errorf("%w: %d messages published before Start were dropped by a stop before Start", ErrUndelivered, dropped)
+			m.log.LogAttrs(context.Background(), slog.LevelError, "tinymq: stopped before Start, messages not delivered",
+				slog.Uint64("count", dropped))
+		}
+		close(m.done)
+		return
+	}
+	for _, q := range queues {
+		q.close()
+	}
+	go func() {
+		m.wg.Wait()
+		m.cancel()
+		m.stopAfter()
+		close(m.done)
+	}()
+}

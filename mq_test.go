@@ -1,0 +1,540 @@
+package tinymq_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/tinymq/tinymq"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// wait is the bound on every wait for something that should happen promptly.
+const wait = 10 * time.Second
+
+// recv receives n values from ch, failing the test if they do not all arrive in time.
+func recv[T any](t *testing.T, ch <-chan T, n int) []T {
+	t.Helper()
+	out := make([]T, 0, n)
+	timeout := time.After(wait)
+	for len(out) < n {
+		select {
+		case v := <-ch:
+			out = append(out, v)
+		case <-timeout:
+			t.Fatalf("received %d of %d values before the timeout", len(out), n)
+		}
+	}
+	return out
+}
+
+// closedWithin fails the test unless ch is closed (or sends) within the bound.
+func closedWithin(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(wait):
+		t.Fatalf("%s did not happen in time", what)
+	}
+}
+
+// sink is a consumer that sends every message it gets to a channel.
+func sink(ch chan<- *tinymq.Msg) tinymq.ConsumerFunc {
+	return func(_ context.Context, m *tinymq.Msg) error {
+		ch <- m
+		return nil
+	}
+}
+
+// started returns a running MQ that the test stops when it ends.
+func started(t *testing.T, opts ...tinymq.Option) *tinymq.MQ {
+	t.Helper()
+	m := tinymq.New(opts...)
+	require.NoError(t, m.Start(context.Background()))
+	t.Cleanup(m.Stop)
+	return m
+}
+
+// counter records how often each message ID reached each queue.
+type counter struct {
+	mu   sync.Mutex
+	seen map[string]map[uint64]int
+}
+
+func newCounter() *counter { return &counter{seen: make(map[string]map[uint64]int)} }
+
+func (c *counter) consume(_ context.Context, m *tinymq.Msg) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen[m.Queue] == nil {
+		c.seen[m.Queue] = make(map[uint64]int)
+	}
+	c.seen[m.Queue][m.ID]++
+	return nil
+}
+
+func TestFanoutDeliversEveryAcceptedMessageOnceToEveryQueue(t *testing.T) {
+	const publishers, perPublisher = 8, 500
+	c := newCounter()
+	m := tinymq.New()
+	queues := []string{"email", "audit", "search"}
+	for i, name := range queues {
+		require.NoError(t, m.RegisterQueue("users", tinymq.Fanout, c.consume, i+1, tinymq.WithQueueName(name)))
+	}
+	require.NoError(t, m.Start(context.Background()))
+
+	var wg sync.WaitGroup
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perPublisher {
+				assert.NoError(t, m.Publish("users", fmt.Sprint(p, i)))
+			}
+		}()
+	}
+	wg.Wait()
+	m.Stop() // delivers everything accepted before it returns
+
+	for _, q := range queues {
+		got := c.seen[q]
+		require.Len(t, got, publishers*perPublisher, "queue %s: distinct IDs", q)
+		for id := uint64(1); id <= publishers*perPublisher; id++ {
+			require.Equal(t, 1, got[id], "queue %s: deliveries of message %d", q, id)
+		}
+	}
+}
+
+func TestEveryQueueGetsItsOwnCopySharingData(t *testing.T) {
+	a, b := make(chan *tinymq.Msg, 1), make(chan *tinymq.Msg, 1)
+	m := started(t)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(a), 1, tinymq.WithQueueName("a")))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(b), 1, tinymq.WithQueueName("b")))
+	payload := &struct{ N int }{N: 7}
+	require.NoError(t, m.Publish("ev", payload))
+	ma, mb := recv(t, a, 1)[0], recv(t, b, 1)[0]
+	assert.NotSame(t, ma, mb, "each queue gets its own Msg")
+	assert.Equal(t, ma.ID, mb.ID, "the same ID in every copy")
+	assert.Equal(t, uint64(1), ma.ID)
+	assert.Same(t, payload, ma.Data)
+	assert.Same(t, payload, mb.Data)
+	assert.Equal(t, "a", ma.Queue)
+	assert.Equal(t, "b", mb.Queue)
+	assert.Equal(t, "ev", ma.Exchange)
+}
+
+func TestPublishNeverBlocksOnASlowQueue(t *testing.T) {
+	const n = 10_000
+	release := make(chan struct{})
+	slowEntered := make(chan struct{}, 1)
+	fast := make(chan *tinymq.Msg, n)
+	m := started(t)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
+		select {
+		case slowEntered <- struct{}{}:
+		default:
+		}
+		<-release
+		return nil
+	}, 1, tinymq.WithQueueName("slow")))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(fast), 1, tinymq.WithQueueName("fast")))
+
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for i := range n {
+			assert.NoError(t, m.Publish("ev", i))
+		}
+	}()
+	// The slow consumer holds its first message until release is closed, yet
+	// every publish returns and the fast queue gets every message.
+	closedWithin(t, published, "publishing while a consumer is stuck")
+	got := recv(t, fast, n)
+	for i, msg := range got {
+		require.Equal(t, i, msg.Data, "fast queue order")
+	}
+	closedWithin(t, slowEntered, "the slow consumer starting")
+	close(release)
+}
+
+func TestExactlyConcurrencyWorkers(t *testing.T) {
+	for _, concurrency := range []int{1, 3, 8} {
+		t.Run(fmt.Sprint(concurrency), func(t *testing.T) {
+			var active, peak atomic.Int32
+			entered := make(chan struct{}, 100)
+			release := make(chan struct{})
+			done := make(chan struct{}, 100)
+			m := started(t)
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+				n := active.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				entered <- struct{}{}
+				<-release
+				active.Add(-1)
+				done <- struct{}{}
+				return nil
+			}, concurrency))
+			const msgs = 40
+			for i := range msgs {
+				require.NoError(t, m.Publish("ev", i))
+			}
+			// Every worker is busy before any is released, so the peak equals the
+			// number of workers exactly when no more than that many run.
+			recv(t, entered, concurrency)
+			close(release)
+			recv(t, done, msgs)
+			assert.Equal(t, int32(concurrency), peak.Load())
+		})
+	}
+}
+
+func TestConcurrencyOneDeliversInPublishOrder(t *testing.T) {
+	const n = 20_000
+	got := make(chan *tinymq.Msg, n)
+	m := tinymq.New()
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1))
+	// Half before Start, half while running, so both paths keep the order.
+	for i := range n / 2 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	require.NoError(t, m.Start(context.Background()))
+	t.Cleanup(m.Stop)
+	for i := n / 2; i < n; i++ {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	for i, msg := range recv(t, got, n) {
+		require.Equal(t, i, msg.Data)
+		require.Equal(t, uint64(i+1), msg.ID)
+	}
+}
+
+// logRecords returns a logger writing JSON to a buffer, and a function that
+// parses what was logged.
+func logRecords() (*slog.Logger, func(t *testing.T) []map[string]any) {
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	h := slog.NewJSONHandler(&lockedWriter{mu: &mu, w: &buf}, nil)
+	return slog.New(h), func(t *testing.T) []map[string]any {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []map[string]any
+		dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
+		for dec.More() {
+			var rec map[string]any
+			require.NoError(t, dec.Decode(&rec))
+			out = append(out, rec)
+		}
+		return out
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func TestPanicAndErrorAreRecoveredPerMessageAndLogged(t *testing.T) {
+	log, records := logRecords()
+	m := tinymq.New(tinymq.WithLogger(log))
+	handled := make(chan int, 10)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+		handled <- msg.Data.(int)
+		switch msg.Data.(int) {
+		case 1:
+			panic("boom")
+		case 3:
+			return errors.New("smtp down")
+		}
+		return nil
+	}, 1, tinymq.WithQueueName("email")))
+	require.NoError(t, m.Start(context.Background()))
+	for i := range 5 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	// One worker handles all five: the panic did not retire it.
+	assert.Equal(t, []int{0, 1, 2, 3, 4}, recv(t, handled, 5))
+	m.Stop()
+
+	recs := records(t)
+	require.Len(t, recs, 2)
+	assert.Equal(t, "ERROR", recs[0]["level"])
+	assert.Equal(t, "ev", recs[0]["exchange"])
+	assert.Equal(t, "email", recs[0]["queue"])
+	assert.Equal(t, float64(2), recs[0]["msg_id"])
+	assert.Contains(t, recs[0]["err"], "boom")
+	assert.Contains(t, recs[0]["stack"], "TestPanicAndErrorAreRecoveredPerMessageAndLogged")
+	assert.Equal(t, float64(4), recs[1]["msg_id"])
+	assert.Equal(t, "smtp down", recs[1]["err"])
+	assert.NotContains(t, recs[1], "stack")
+}
+
+func TestPanicErrorUnwrapsAnErrorValue(t *testing.T) {
+	sentinel := errors.New("sentinel")
+	pe := &tinymq.PanicError{Value: sentinel}
+	assert.ErrorIs(t, pe, sentinel)
+	assert.Nil(t, (&tinymq.PanicError{Value: 3}).Unwrap())
+	assert.Equal(t, "tinymq: panic: 3", (&tinymq.PanicError{Value: 3}).Error())
+}
+
+func TestPublishBeforeStartIsDeliveredAfterStart(t *testing.T) {
+	got := make(chan *tinymq.Msg, 3)
+	m := tinymq.New()
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 2))
+	for i := range 3 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	select {
+	case <-got:
+		t.Fatal("delivered before Start")
+	default:
+	}
+	require.NoError(t, m.Start(context.Background()))
+	recv(t, got, 3)
+	m.Stop()
+}
+
+func TestRegisterQueueWhileRunning(t *testing.T) {
+	m := started(t)
+	first := make(chan *tinymq.Msg, 10)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(first), 1))
+	require.NoError(t, m.Publish("ev", "before"))
+	late := make(chan *tinymq.Msg, 10)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(late), 1))
+	require.NoError(t, m.Publish("ev", "after"))
+	assert.Equal(t, "after", recv(t, late, 1)[0].Data, "a queue added while running gets what follows, not what preceded")
+	assert.Len(t, recv(t, first, 2), 2)
+}
+
+func TestCancellingStartContextStopsLikeStop(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	m := tinymq.New()
+	entered := make(chan struct{})
+	sawCancel := make(chan struct{})
+	after := make(chan *tinymq.Msg, 10)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+		if msg.Data == "block" {
+			close(entered)
+			<-ctx.Done()
+			close(sawCancel)
+			return ctx.Err()
+		}
+		after <- msg
+		return nil
+	}, 1))
+	require.NoError(t, m.Start(ctx))
+	require.NoError(t, m.Publish("ev", "block"))
+	require.NoError(t, m.Publish("ev", "queued"))
+	closedWithin(t, entered, "first delivery")
+	cancel()
+	closedWithin(t, sawCancel, "consumer context cancellation")
+	// Stopping is graceful: what was accepted is still handed to the consumer.
+	assert.Equal(t, "queued", recv(t, after, 1)[0].Data)
+	m.Stop() // returns once the stop that cancel began has finished
+	assert.ErrorIs(t, m.Publish("ev", "late"), tinymq.ErrStopped)
+	assert.ErrorIs(t, m.Start(context.Background()), tinymq.ErrStopped)
+}
+
+func TestStopRacingPublishersLosesNothing(t *testing.T) {
+	const publishers = 6
+	var delivered atomic.Int64
+	m := tinymq.New()
+	for i := range 3 {
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			delivered.Add(1)
+			return nil
+		}, i+1))
+	}
+	require.NoError(t, m.Start(context.Background()))
+
+	var accepted atomic.Int64
+	var wg sync.WaitGroup
+	running := make(chan struct{}, publishers)
+	for range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				err := m.Publish("ev", i)
+				if err != nil {
+					assert.ErrorIs(t, err, tinymq.ErrStopped)
+					return
+				}
+				accepted.Add(1)
+				if i == 100 {
+					running <- struct{}{}
+				}
+			}
+		}()
+	}
+	recv(t, running, publishers) // every publisher is in full flow
+	m.Stop()
+	wg.Wait()
+	assert.Positive(t, accepted.Load())
+	assert.Equal(t, 3*accepted.Load(), delivered.Load(), "every accepted message reached all 3 queues")
+}
+
+func TestStopIsIdempotentAndConcurrent(t *testing.T) {
+	m := tinymq.New()
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 2))
+	require.NoError(t, m.Start(context.Background()))
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Add(1)
+		go func() { defer wg.Done(); m.Stop() }()
+	}
+	wg.Wait()
+	m.Stop()
+	assert.NoError(t, m.Shutdown(context.Background()))
+}
+
+func TestStopBeforeStart(t *testing.T) {
+	t.Run("empty", func(t *testing.T) {
+		m := tinymq.New()
+		m.Stop()
+		assert.NoError(t, m.Shutdown(context.Background()))
+		assert.ErrorIs(t, m.Start(context.Background()), tinymq.ErrStopped)
+	})
+	t.Run("with accepted messages it reports them", func(t *testing.T) {
+		log, records := logRecords()
+		m := tinymq.New(tinymq.WithLogger(log))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			t.Error("delivered after a stop before Start")
+			return nil
+		}, 1))
+		require.NoError(t, m.Publish("ev", 1))
+		require.NoError(t, m.Publish("ev", 2))
+		err := m.Shutdown(context.Background())
+		require.ErrorIs(t, err, tinymq.ErrUndelivered)
+		assert.Contains(t, err.Error(), "2 messages")
+		recs := records(t)
+		require.Len(t, recs, 1)
+		assert.Equal(t, float64(2), recs[0]["count"])
+	})
+}
+
+func TestShutdownReturnsNilWhenDrained(t *testing.T) {
+	var n atomic.Int32
+	m := tinymq.New()
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		n.Add(1)
+		return nil
+	}, 2))
+	for i := range 100 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	require.NoError(t, m.Start(context.Background()))
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	require.NoError(t, m.Shutdown(ctx))
+	assert.Equal(t, int32(100), n.Load())
+}
+
+func TestShutdownDeadlineCancelsConsumersAndCountsUndelivered(t *testing.T) {
+	log, records := logRecords()
+	m := tinymq.New(tinymq.WithLogger(log))
+	entered := make(chan struct{}, 1)
+	var calls atomic.Int32
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
+		calls.Add(1)
+		entered <- struct{}{}
+		<-ctx.Done() // a consumer that is stuck until cancelled
+		return ctx.Err()
+	}, 1, tinymq.WithQueueName("stuck")))
+	require.NoError(t, m.Start(context.Background()))
+	for i := range 10 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	recv(t, entered, 1)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the deadline has passed
+	err := m.Shutdown(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, err, tinymq.ErrUndelivered)
+	assert.Contains(t, err.Error(), "9 accepted messages not delivered, 1 still in consumers")
+	m.Stop() // waits for the consumer, which returns now that its context is cancelled
+	assert.Equal(t, int32(1), calls.Load(), "dropped messages never reach the consumer")
+	assert.ErrorIs(t, m.Publish("ev", 1), tinymq.ErrStopped)
+
+	var found bool
+	for _, r := range records(t) {
+		if r["msg"] == "tinymq: shutdown deadline passed, messages not delivered" {
+			found = true
+			assert.Equal(t, "stuck", r["queue"])
+			assert.Equal(t, float64(9), r["count"])
+		}
+	}
+	assert.True(t, found, "undelivered messages are logged")
+}
+
+func TestBadInputGetsSentinelErrors(t *testing.T) {
+	nop := func(context.Context, *tinymq.Msg) error { return nil }
+	m := tinymq.New()
+	require.NoError(t, m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithQueueName("q1")))
+	require.NoError(t, m.DeclareExchange("empty", tinymq.Fanout))
+
+	tests := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"empty exchange name", m.RegisterQueue("", tinymq.Fanout, nop, 1), tinymq.ErrEmptyName},
+		{"nil consumer", m.RegisterQueue("x", tinymq.Fanout, nil, 1), tinymq.ErrNilConsumer},
+		{"concurrency 0", m.RegisterQueue("x", tinymq.Fanout, nop, 0), tinymq.ErrInvalidConcurrency},
+		{"negative concurrency", m.RegisterQueue("x", tinymq.Fanout, nop, -3), tinymq.ErrInvalidConcurrency},
+		{"zero kind", m.RegisterQueue("x", 0, nop, 1), tinymq.ErrInvalidKind},
+		{"unknown kind", m.RegisterQueue("x", tinymq.ExchangeType(99), nop, 1), tinymq.ErrInvalidKind},
+		{"same exchange, other kind", m.RegisterQueue("fan", tinymq.Direct, nop, 1, tinymq.WithBindingKey("k")), tinymq.ErrExchangeMismatch},
+		{"duplicate queue name", m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithQueueName("q1")), tinymq.ErrDuplicateQueue},
+		{"empty queue name", m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithQueueName("")), tinymq.ErrEmptyName},
+		{"nil queue option", m.RegisterQueue("fan", tinymq.Fanout, nop, 1, nil), tinymq.ErrInvalidOption},
+		{"nil filter", m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithFilter(nil)), tinymq.ErrInvalidOption},
+		{"publish to unknown exchange", m.Publish("nope", 1), tinymq.ErrUnknownExchange},
+		{"publish with no queue bound", m.Publish("empty", 1), tinymq.ErrNoRoute},
+		{"zero PublishOption", m.Publish("fan", 1, tinymq.PublishOption{}), tinymq.ErrInvalidOption},
+		{"nil context", m.Start(nil), tinymq.ErrInvalidOption}, //nolint:staticcheck // testing nil on purpose
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.ErrorIs(t, tt.err, tt.want)
+		})
+	}
+
+	require.NoError(t, m.Start(context.Background()))
+	assert.ErrorIs(t, m.Start(context.Background()), tinymq.ErrAlreadyStarted)
+	m.Stop()
+	assert.ErrorIs(t, m.Publish("fan", 1), tinymq.ErrStopped)
+	assert.ErrorIs(t, m.RegisterQueue("fan", tinymq.Fanout, nop, 1), tinymq.ErrStopped)
+	assert.ErrorIs(t, m.DeclareExchange("other", tinymq.Fanout), tinymq.ErrStopped)
+	assert.ErrorIs(t, m.Bind("q1", "fan", tinymq.Fanout), tinymq.ErrStopped)
+}
+
+func TestFailedRegistrationChangesNothing(t *testing.T) {
+	m := tinymq.New()
+	nop := func(context.Context, *tinymq.Msg) error { return nil }
+	require.ErrorIs(t, m.RegisterQueue("ev", tinymq.Direct, nop, 1), tinymq.ErrInvalidBinding)
+	// The exchange was not declared by the failed call, so another kind is fine.
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, nop, 1))
+	m.Stop()
+}

@@ -1,0 +1,86 @@
+package tinymq
+
+import "fmt"
+
+// Msg is one message as a consumer receives it.
+//
+// Every queue that a message is routed to gets its own Msg, so a consumer may
+// keep or modify the fields of the Msg it was given. Data and Headers are not
+// copied: all copies share them, so treat them as read-only after Publish.
+type Msg struct {
+	// ID is the sequence number the exchange stamped on the message when Publish
+	// accepted it: 1 for the first message of an exchange, and the same in every
+	// queue's copy.
+	ID uint64
+	// Exchange is the exchange the message was published to. A message that
+	// reached the queue through an alternate exchange keeps the name of the
+	// exchange it was published to.
+	Exchange string
+	// Queue is the name of the queue this copy was delivered to.
+	Queue string
+	// RoutingKey is the key given with WithRoutingKey, or "".
+	RoutingKey string
+	// Headers are the headers given with WithHeaders, or nil. Shared by all copies.
+	Headers map[string]any
+	// Data is the payload given to Publish. Shared by all copies.
+	Data any
+}
+
+// PublishOption configures one Publish call. Options are plain values, so
+// passing them allocates nothing.
+type PublishOption struct {
+	kind    publishOptionKind
+	key     string
+	headers map[string]any
+}
+
+type publishOptionKind uint8
+
+const (
+	_ publishOptionKind = iota
+	optRoutingKey
+	optHeaders
+)
+
+// WithRoutingKey sets the message's routing key, which direct and topic
+// exchanges route by. It is at most 255 bytes; fanout and headers exchanges
+// ignore it but still hand it to the consumer in [Msg.RoutingKey].
+func WithRoutingKey(key string) PublishOption {
+	return PublishOption{kind: optRoutingKey, key: key}
+}
+
+// WithHeaders sets the message's headers, which headers exchanges route by.
+// Values must have an AMQP equivalent: nil, bool, the Go integer and float
+// types, string, []byte, time.Time, []any and map[string]any of those.
+// Publish returns [ErrInvalidHeaders] otherwise. The map is shared with the
+// consumers, not copied: do not modify it after Publish.
+func WithHeaders(h map[string]any) PublishOption {
+	return PublishOption{kind: optHeaders, headers: h}
+}
+
+type publishConfig struct {
+	routingKey string
+	headers    map[string]any
+}
+
+func (c *publishConfig) apply(opts []PublishOption) error {
+	for _, o := range opts {
+		switch o.kind {
+		case optRoutingKey:
+			c.routingKey = o.key
+		case optHeaders:
+			c.headers = o.headers
+		default:
+			return ErrInvalidOption
+		}
+	}
+	if len(c.routingKey) > maxKeyLen {
+		return ErrKeyTooLong
+	}
+	if c.headers != nil {
+		if err := validateTable(c.headers); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidHeaders, err)
+		}
+	}
+	return nil
+}
