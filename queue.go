@@ -44,8 +44,12 @@ func (r *ring) pop(dst []*Msg, k int) []*Msg {
 		r.head = (r.head + 1) & mask
 	}
 	r.n -= k
-	if len(r.buf) > minRing && r.n <= len(r.buf)/4 {
-		r.resize(len(r.buf) / 2)
+	size := len(r.buf)
+	for size > minRing && r.n <= size/4 {
+		size /= 2
+	}
+	if size != len(r.buf) {
+		r.resize(size)
 	}
 	return dst
 }

@@ -1,0 +1,75 @@
+package tinymq
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// words splits a topic key as RabbitMQ does: "" has no words.
+func words(key string) []string {
+	if key == "" {
+		return nil
+	}
+	return strings.Split(key, ".")
+}
+
+// naiveMatch is the reference matcher: a direct recursive reading of the rules.
+func naiveMatch(pattern, key []string) bool {
+	if len(pattern) == 0 {
+		return len(key) == 0
+	}
+	switch pattern[0] {
+	case "#":
+		for i := 0; i <= len(key); i++ {
+			if naiveMatch(pattern[1:], key[i:]) {
+				return true
+			}
+		}
+		return false
+	case "*":
+		return len(key) > 0 && naiveMatch(pattern[1:], key[1:])
+	default:
+		return len(key) > 0 && key[0] == pattern[0] && naiveMatch(pattern[1:], key[1:])
+	}
+}
+
+// FuzzTopicMatch checks the trie against naiveMatch. patterns holds up to eight
+// binding keys separated by '|', each bound to its own queue; the trie must
+// return each matching queue once and no other.
+func FuzzTopicMatch(f *testing.F) {
+	seeds := [][2]string{
+		{"#", ""}, {"*", ""}, {"", ""}, {"a.#|#.b|*.*", "a.b"}, {"#.#|#.a.#", "a"},
+		{"a..b|a.*.b", "a..b"}, {"a.|*.", "a."}, {".a|*.a", ".a"}, {"a*.b|a#", "a*.b"},
+		{"#.x.#.y.#|*.x.*", "q.x.y"}, {"a.#.#.z", "a.z"}, {"#.*|*.#", "."},
+	}
+	for _, s := range seeds {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, patterns, key string) {
+		ps := strings.Split(patterns, "|")
+		if len(ps) > 8 || len(key) > 64 || len(patterns) > 128 {
+			t.Skip()
+		}
+		var trie topicTrie
+		qs := make([]*queue, len(ps))
+		for i, p := range ps {
+			qs[i] = &queue{id: i}
+			trie.add(p, qs[i])
+		}
+		var want []int
+		for i, p := range ps {
+			if naiveMatch(words(p), words(key)) {
+				want = append(want, i)
+			}
+		}
+		var got []int
+		for _, q := range dedupe(trie.match(key, nil), 0) {
+			got = append(got, q.id)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("patterns %q, key %q: trie matched queues %v, reference %v", ps, key, got, want)
+		}
+	})
+}
