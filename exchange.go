@@ -256,6 +256,7 @@ func (m *MQ) publishLocked(name string, data any, pc *publishConfig) error {
 				id = ex.seq.Add(1)
 			}
 			msgs := mbuf[:0]
+			accepted := false
 			for _, q := range dst {
 				msg := &Msg{ID: id, Exchange: ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: data}
 				if q.filter != nil {
@@ -268,15 +269,15 @@ func (m *MQ) publishLocked(name string, data any, pc *publishConfig) error {
 					}
 				}
 				msgs = append(msgs, msg)
-			}
-			accepted := false
-			for i, msg := range msgs {
-				if msg != nil {
-					dst[i].push(msg) // cannot fail: queues close only after Stop took the write lock
-					accepted = true
-				}
+				accepted = accepted || msg != nil
 			}
 			if accepted {
+				// push cannot fail: queues close only after Stop took the write lock.
+				for i, msg := range msgs {
+					if msg != nil {
+						dst[i].push(msg)
+					}
+				}
 				return nil
 			}
 		}

@@ -28,7 +28,7 @@ type MQ struct {
 	state     mqState
 	exchanges map[string]*exchange
 	queues    map[string]*queue
-	order     []*queue       // queues in registration order
+	order     []*queue        // queues in registration order
 	ctx       context.Context // the consumers' context, from Start
 	cancel    context.CancelFunc
 	stopAfter func() bool // unregisters the stop on Start's ctx

@@ -9,65 +9,76 @@ import (
 )
 
 const (
-	// minRing is the smallest backing array a queue keeps.
-	minRing = 16
 	// maxBatch is the most messages a worker takes under one lock.
 	maxBatch = 64
 	// abortBit marks queue.started once Shutdown's deadline has passed.
 	abortBit = 1 << 63
 )
 
-// ring is an unbounded FIFO of messages. Its backing array doubles when full and
-// halves when no more than a quarter full, so a queue that drains gives its
-// memory back; popped slots are cleared so that delivered messages can be
-// collected at once.
-type ring struct {
-	buf  []*Msg // len(buf) is 0 or a power of two
-	head int
-	n    int
+// chunkSize is how many messages one chunk of a fifo holds.
+const chunkSize = 128
+
+type chunk struct {
+	msgs [chunkSize]*Msg
+	next *chunk
 }
 
-func (r *ring) push(m *Msg) {
-	if r.n == len(r.buf) {
-		r.resize(max(minRing, 2*len(r.buf)))
+// fifo is an unbounded FIFO of messages: a list of fixed-size chunks, so that
+// neither push nor pop ever copies the buffer. Popped slots are cleared at once
+// and drained chunks are dropped, except one kept for reuse, so a queue that
+// drains gives its memory back.
+type fifo struct {
+	head, tail *chunk
+	hi, ti     int // next pop in head, next push in tail
+	n          int
+	spare      *chunk
+}
+
+func (f *fifo) push(m *Msg) {
+	if f.tail == nil {
+		f.head = f.newChunk()
+		f.tail, f.hi, f.ti = f.head, 0, 0
+	} else if f.ti == chunkSize {
+		c := f.newChunk()
+		f.tail.next = c
+		f.tail, f.ti = c, 0
 	}
-	r.buf[(r.head+r.n)&(len(r.buf)-1)] = m
-	r.n++
+	f.tail.msgs[f.ti] = m
+	f.ti++
+	f.n++
 }
 
-// pop appends the k oldest messages to dst; k <= r.n.
-func (r *ring) pop(dst []*Msg, k int) []*Msg {
-	mask := len(r.buf) - 1
+func (f *fifo) newChunk() *chunk {
+	if c := f.spare; c != nil {
+		f.spare = nil
+		return c
+	}
+	return new(chunk)
+}
+
+// pop appends the k oldest messages to dst; k <= f.n.
+func (f *fifo) pop(dst []*Msg, k int) []*Msg {
 	for range k {
-		dst = append(dst, r.buf[r.head])
-		r.buf[r.head] = nil
-		r.head = (r.head + 1) & mask
+		dst = append(dst, f.head.msgs[f.hi])
+		f.head.msgs[f.hi] = nil
+		f.hi++
+		f.n--
+		if f.hi == chunkSize && f.head != f.tail {
+			old := f.head
+			f.head, f.hi = old.next, 0
+			old.next = nil
+			f.spare = old
+		}
 	}
-	r.n -= k
-	size := len(r.buf)
-	for size > minRing && r.n <= size/4 {
-		size /= 2
-	}
-	if size != len(r.buf) {
-		r.resize(size)
+	if f.n == 0 { // head == tail: start the chunk over
+		f.hi, f.ti = 0, 0
 	}
 	return dst
 }
 
-// clear drops every message and the backing array, and returns how many it dropped.
-func (r *ring) clear() int {
-	n := r.n
-	*r = ring{}
-	return n
-}
-
-func (r *ring) resize(size int) {
-	buf := make([]*Msg, size)
-	if r.n > 0 {
-		tail := copy(buf, r.buf[r.head:min(r.head+r.n, len(r.buf))])
-		copy(buf[tail:], r.buf[:r.n-tail])
-	}
-	r.buf, r.head = buf, 0
+// clear drops every message and chunk.
+func (f *fifo) clear() {
+	*f = fifo{}
 }
 
 // queue is a named buffer drained by a fixed pool of workers.
@@ -81,9 +92,9 @@ type queue struct {
 
 	mu       sync.Mutex
 	cond     sync.Cond // L is &mu; signalled once per parked worker to wake
-	ring     ring
+	buf      fifo
 	idle     int  // workers parked in cond.Wait and not yet signalled
-	closed   bool // no more pushes; workers exit once the ring is empty
+	closed   bool // no more pushes; workers exit once the buffer is empty
 	accepted uint64
 
 	started   atomic.Uint64 // messages handed to the consumer; abortBit once aborted
@@ -105,7 +116,7 @@ func (q *queue) push(m *Msg) bool {
 		q.mu.Unlock()
 		return false
 	}
-	q.ring.push(m)
+	q.buf.push(m)
 	q.accepted++
 	wake := q.idle > 0
 	if wake {
@@ -122,7 +133,7 @@ func (q *queue) push(m *Msg) bool {
 // maxBatch) to dst. It returns dst unchanged once the queue is closed and empty.
 func (q *queue) take(dst []*Msg) []*Msg {
 	q.mu.Lock()
-	for q.ring.n == 0 {
+	for q.buf.n == 0 {
 		if q.closed {
 			q.mu.Unlock()
 			return dst
@@ -130,9 +141,9 @@ func (q *queue) take(dst []*Msg) []*Msg {
 		q.idle++
 		q.cond.Wait()
 	}
-	k := min(max(q.ring.n/q.concurrency, 1), maxBatch)
-	dst = q.ring.pop(dst, k)
-	wake := q.ring.n > 0 && q.idle > 0
+	k := min(max(q.buf.n/q.concurrency, 1), maxBatch)
+	dst = q.buf.pop(dst, k)
+	wake := q.buf.n > 0 && q.idle > 0
 	if wake {
 		q.idle--
 	}
@@ -158,7 +169,7 @@ func (q *queue) close() {
 func (q *queue) abort() (undelivered, running uint64) {
 	started := q.started.Or(abortBit) &^ abortBit
 	q.mu.Lock()
-	q.ring.clear()
+	q.buf.clear()
 	q.closed = true
 	q.idle = 0
 	accepted := q.accepted
@@ -167,17 +178,10 @@ func (q *queue) abort() (undelivered, running uint64) {
 	return accepted - started, started - q.succeeded.Load() - q.failed.Load()
 }
 
-// begin counts a message as handed to the consumer; false once aborted.
+// begin counts a message as handed to the consumer; false once aborted. After
+// abort the count goes on rising, unread, below abortBit.
 func (q *queue) begin() bool {
-	for {
-		v := q.started.Load()
-		if v&abortBit != 0 {
-			return false
-		}
-		if q.started.CompareAndSwap(v, v+1) {
-			return true
-		}
-	}
+	return q.started.Add(1)&abortBit == 0
 }
 
 // work is one worker: it delivers messages until the queue is closed and empty,

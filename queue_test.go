@@ -8,44 +8,57 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestRingIsFIFOAcrossWrapAndResize(t *testing.T) {
-	var r ring
+// chunks counts the chunks f holds, its spare included.
+func (f *fifo) chunks() int {
+	n := 0
+	for c := f.head; c != nil; c = c.next {
+		n++
+	}
+	if f.spare != nil {
+		n++
+	}
+	return n
+}
+
+func TestFIFOOrderAcrossChunks(t *testing.T) {
+	var f fifo
 	var want []*Msg
 	var next uint64
 	var got []*Msg
-	// Grow and shrink through several sizes, popping odd batch sizes so the
-	// head wraps around the backing array.
-	for round, n := range []int{5, 40, 3, 300, 17, 1000, 1} {
+	// Grow and drain through several chunk counts, popping odd batch sizes so
+	// pops cross chunk boundaries.
+	for round, n := range []int{5, 40, 3, 300, 17, 1000, 1, chunkSize, chunkSize + 1} {
 		for range n {
 			next++
 			m := &Msg{ID: next}
-			r.push(m)
+			f.push(m)
 			want = append(want, m)
 		}
-		for r.n > round {
-			got = r.pop(got, min(r.n, 7))
+		for f.n > round {
+			got = f.pop(got, min(f.n, 7))
 		}
 	}
-	got = r.pop(got, r.n)
+	got = f.pop(got, f.n)
 	require.Equal(t, len(want), len(got))
 	for i := range want {
 		require.Same(t, want[i], got[i], "position %d", i)
 	}
+	assert.Zero(t, f.n)
 }
 
-func TestRingGivesMemoryBackWhenDrained(t *testing.T) {
-	var r ring
+func TestFIFOGivesMemoryBackWhenDrained(t *testing.T) {
+	var f fifo
 	const n = 100_000
 	for i := range n {
-		r.push(&Msg{ID: uint64(i)})
+		f.push(&Msg{ID: uint64(i)})
 	}
-	require.GreaterOrEqual(t, len(r.buf), n)
+	require.GreaterOrEqual(t, f.chunks(), n/chunkSize)
 	var batch []*Msg
-	for r.n > 0 {
-		batch = r.pop(batch[:0], min(r.n, maxBatch))
+	for f.n > 0 {
+		batch = f.pop(batch[:0], min(f.n, maxBatch))
 	}
-	assert.Equal(t, minRing, len(r.buf), "the backing array shrinks back as the ring drains")
-	for _, m := range r.buf {
+	assert.LessOrEqual(t, f.chunks(), 2, "a drained fifo keeps one chunk and one spare")
+	for _, m := range f.head.msgs {
 		assert.Nil(t, m, "popped slots are cleared so messages can be collected")
 	}
 }
@@ -71,14 +84,14 @@ func TestQueueGivesMemoryBackAfterDraining(t *testing.T) {
 	}
 	q := m.queues["q"]
 	q.mu.Lock()
-	grown := len(q.ring.buf)
+	grown := q.buf.chunks()
 	q.mu.Unlock()
-	assert.GreaterOrEqual(t, grown, n-maxBatch, "a stalled consumer lets the buffer grow without bound")
+	assert.GreaterOrEqual(t, grown, (n-maxBatch)/chunkSize, "a stalled consumer lets the buffer grow without bound")
 	close(release)
 	<-drained
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	assert.LessOrEqual(t, len(q.ring.buf), minRing, "memory is given back once the queue drains")
+	assert.LessOrEqual(t, q.buf.chunks(), 2, "memory is given back once the queue drains")
 }
 
 func TestBatchIsAFairShare(t *testing.T) {
@@ -87,7 +100,7 @@ func TestBatchIsAFairShare(t *testing.T) {
 		q.push(&Msg{ID: uint64(i)})
 	}
 	assert.Len(t, q.take(nil), maxBatch, "never more than maxBatch under one lock")
-	for q.ring.n > 8 {
+	for q.buf.n > 8 {
 		q.take(nil)
 	}
 	assert.Len(t, q.take(nil), 2, "a quarter of what is left with 4 workers")

@@ -1,0 +1,220 @@
+package tinymq_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/tinymq/tinymq"
+)
+
+// The end-to-end benchmarks publish b.N messages and stop the clock when every
+// queue has consumed every one of them. Each TinyMQ case has a twin, "chan",
+// that does the same work over plain buffered channels (one per queue, drained
+// by the same number of goroutines): the floor TinyMQ is measured against. The
+// twins run next to each other, so -count interleaves them in one run:
+//
+//	go test -run '^$' -bench PublishDeliver -count 10 | tee new.txt
+//	benchstat -col /impl new.txt
+
+// pipeline is what a benchmark publishes into.
+type pipeline interface {
+	publish(data []byte)
+	close() // waits for every consumer to return
+}
+
+// done counts consumed messages and closes all when it reaches want.
+type done struct {
+	n    atomic.Int64
+	want int64
+	all  chan struct{}
+}
+
+func newDone(want int64) *done { return &done{want: want, all: make(chan struct{})} }
+
+func (d *done) one() {
+	if d.n.Add(1) == d.want {
+		close(d.all)
+	}
+}
+
+type mqPipeline struct{ m *tinymq.MQ }
+
+func newMQPipeline(b *testing.B, queues, concurrency int, d *done) pipeline {
+	m := tinymq.New()
+	for range queues {
+		err := m.RegisterQueue("bench", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			d.one()
+			return nil
+		}, concurrency)
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := m.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return mqPipeline{m}
+}
+
+func (p mqPipeline) publish(data []byte) {
+	if err := p.m.Publish("bench", data); err != nil {
+		panic(err)
+	}
+}
+
+func (p mqPipeline) close() { p.m.Stop() }
+
+type chanPipeline struct {
+	chans []chan []byte
+	wg    sync.WaitGroup
+}
+
+func newChanPipeline(_ *testing.B, queues, concurrency int, d *done) pipeline {
+	p := &chanPipeline{}
+	for range queues {
+		ch := make(chan []byte, 1024)
+		p.chans = append(p.chans, ch)
+		for range concurrency {
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				for range ch {
+					d.one()
+				}
+			}()
+		}
+	}
+	return p
+}
+
+func (p *chanPipeline) publish(data []byte) {
+	for _, ch := range p.chans {
+		ch <- data
+	}
+}
+
+func (p *chanPipeline) close() {
+	for _, ch := range p.chans {
+		close(ch)
+	}
+	p.wg.Wait()
+}
+
+var impls = []struct {
+	name string
+	new  func(b *testing.B, queues, concurrency int, d *done) pipeline
+}{
+	{"tinymq", newMQPipeline},
+	{"chan", newChanPipeline},
+}
+
+// BenchmarkPublishDeliver measures publish -> consume throughput. ns/op is per
+// published message, which each of the queues consumes.
+func BenchmarkPublishDeliver(b *testing.B) {
+	for _, queues := range []int{1, 4} {
+		for _, concurrency := range []int{1, 4} {
+			for _, size := range []int{64, 1024} {
+				for _, parallel := range []bool{false, true} {
+					pubs := "1"
+					if parallel {
+						pubs = "parallel"
+					}
+					for _, impl := range impls {
+						name := fmt.Sprintf("queues=%d/workers=%d/size=%d/pub=%s/impl=%s", queues, concurrency, size, pubs, impl.name)
+						b.Run(name, func(b *testing.B) {
+							benchPipeline(b, impl.new, queues, concurrency, size, parallel)
+						})
+					}
+				}
+			}
+		}
+	}
+}
+
+func benchPipeline(b *testing.B, newPipeline func(*testing.B, int, int, *done) pipeline, queues, concurrency, size int, parallel bool) {
+	data := make([]byte, size)
+	d := newDone(int64(b.N) * int64(queues))
+	p := newPipeline(b, queues, concurrency, d)
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	if parallel {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				p.publish(data)
+			}
+		})
+	} else {
+		for range b.N {
+			p.publish(data)
+		}
+	}
+	<-d.all
+	b.StopTimer()
+	p.close()
+}
+
+// BenchmarkPublishTopic measures Publish through a topic exchange whose key
+// matches one binding among 10 or 10,000: the cost should not grow with
+// bindings that cannot match.
+func BenchmarkPublishTopic(b *testing.B) {
+	for _, bindings := range []int{10, 10_000} {
+		b.Run(fmt.Sprintf("bindings=%d", bindings), func(b *testing.B) {
+			const queues = 10
+			var consumed atomic.Int64
+			m := tinymq.New()
+			for q := range queues {
+				var opts []tinymq.QueueOption
+				for k := q; k < bindings; k += queues {
+					opts = append(opts, tinymq.WithBindingKey(fmt.Sprintf("device.%d.*", k)))
+				}
+				opts = append(opts, tinymq.WithBindingKey(fmt.Sprintf("#.alert%d", q)))
+				err := m.RegisterQueue("topic", tinymq.Topic, func(context.Context, *tinymq.Msg) error {
+					consumed.Add(1)
+					return nil
+				}, 1, opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := m.Start(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			keys := make([]string, 1024)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("device.%d.temperature", (i*7919)%bindings)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if err := m.Publish("topic", nil, tinymq.WithRoutingKey(keys[i%len(keys)])); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			m.Stop()
+		})
+	}
+}
+
+// BenchmarkStartStop measures setting up and tearing down an MQ with 4 queues
+// of 4 workers, apart from the per-message cost.
+func BenchmarkStartStop(b *testing.B) {
+	nop := func(context.Context, *tinymq.Msg) error { return nil }
+	b.ReportAllocs()
+	for range b.N {
+		m := tinymq.New()
+		for range 4 {
+			if err := m.RegisterQueue("ev", tinymq.Fanout, nop, 4); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := m.Start(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		m.Stop()
+	}
+}
