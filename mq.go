@@ -362,7 +362,7 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 			}
 		}
 	})
-	return fmt.Errorf("%w: %d accepted messages not delivered, %d still in consumers: %w",
+	return fmt.Errorf("%w: %d never reached a consumer, %d were in consumers: %w",
 		ErrUndelivered, m.abortCounts[0], m.abortCounts[1], ctx.Err())
 }
 

@@ -1,0 +1,54 @@
+// Package tinymq is an in-process message queue with RabbitMQ's model:
+// publishers send messages to named exchanges, exchanges route copies of them to
+// bound queues, and each queue is drained by a fixed pool of consumer
+// goroutines. It uses only the standard library.
+//
+// # Quick start
+//
+//	mq := tinymq.New()
+//	mq.RegisterQueue("user.created", tinymq.Fanout, sendWelcomeEmail, 2)
+//	mq.RegisterQueue("user.created", tinymq.Fanout, writeAuditRecord, 1)
+//	mq.Start(ctx)
+//	mq.Publish("user.created", UserCreated{ID: 42})
+//	mq.Stop() // delivers what was accepted, then returns
+//
+// # Exchanges and routing
+//
+// An exchange is declared by [MQ.RegisterQueue] (or [MQ.DeclareExchange]) with
+// an [ExchangeType] that decides which bound queues get a message, exactly as
+// RabbitMQ's exchange of that kind would:
+//
+//   - [Fanout]: every bound queue.
+//   - [Direct]: queues whose [WithBindingKey] equals the [WithRoutingKey].
+//   - [Topic]: queues whose binding pattern matches the routing key, "*" being
+//     one word and "#" zero or more.
+//   - [Headers]: queues whose [WithBindingArgs] match the [WithHeaders].
+//
+// [MQ.Bind] binds one queue to further exchanges. [WithFilter] narrows what a
+// queue accepts. A message that no queue accepts is not silently dropped:
+// [MQ.Publish] returns [ErrNoRoute], unless the exchange has an alternate
+// exchange ([WithAlternateExchange]) that takes it.
+//
+// # Delivery
+//
+// Publish stamps the message with the exchange's next sequence number
+// ([Msg.ID]) and appends a copy to each matching queue's unbounded buffer; it
+// never waits for a consumer. Each queue's workers call its [ConsumerFunc]. A
+// consumer that returns an error or panics fails that delivery only: the
+// failure is logged (see [WithLogger]) and the worker goes on. With concurrency
+// 1 a queue delivers in publish order.
+//
+// # Lifecycle
+//
+// [MQ.Start] starts the workers; messages published before it wait for it.
+// [MQ.Stop] stops accepting, delivers everything already accepted and waits
+// for every worker. [MQ.Shutdown] does the same within a deadline, and reports
+// how many messages it could not deliver when the deadline passes. Cancelling
+// the context given to Start stops the MQ as Stop does.
+//
+// # Errors
+//
+// Every error wraps one of the sentinels in errors.go, such as [ErrNoRoute] or
+// [ErrStopped]; match them with [errors.Is]. A panic in a consumer or filter
+// becomes a [*PanicError] carrying the value and the stack.
+package tinymq
