@@ -64,6 +64,18 @@ var (
 	// allowed in that call.
 	ErrInvalidOption = errors.New("tinymq: invalid option")
 
+	// ErrQueueFull is returned by Publish when a matching queue is at its length
+	// limit with [RejectPublish]. No queue got the message.
+	ErrQueueFull = errors.New("tinymq: queue full")
+
+	// ErrPayloadType is the (permanent) error of a [Handler] consumer handed a
+	// Msg whose Data is not of its type.
+	ErrPayloadType = errors.New("tinymq: payload of the wrong type")
+
+	// ErrPermanent is matched, with errors.Is, by every error that [Permanent]
+	// wraps.
+	ErrPermanent = errors.New("tinymq: permanent failure")
+
 	// ErrUndelivered is wrapped by the error of Shutdown (and logged by Stop) when
 	// accepted messages could not be handed to a consumer: the deadline expired, or
 	// the MQ was stopped before it was started.

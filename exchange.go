@@ -1,10 +1,12 @@
 package tinymq
 
 import (
+	"context"
 	"fmt"
 	"runtime/debug"
 	"slices"
 	"sync/atomic"
+	"time"
 )
 
 // ExchangeType is the routing rule of an exchange, as in RabbitMQ.
@@ -70,10 +72,11 @@ func WithAlternateExchange(name string) ExchangeOption {
 // its bound queues. Its bindings are guarded by the MQ's lock: read under the
 // read lock by Publish, changed under the write lock.
 type exchange struct {
-	name string
-	kind ExchangeType
-	cfg  exchangeConfig
-	seq  atomic.Uint64
+	name       string
+	kind       ExchangeType
+	cfg        exchangeConfig
+	seq        atomic.Uint64 // messages accepted
+	unroutable atomic.Uint64 // publishes refused with ErrNoRoute
 
 	all     []*queue            // fanout: every bound queue; headers: every queue with bindings
 	direct  map[string][]*queue // direct: binding key -> queues
@@ -210,83 +213,235 @@ func dedupe(dst []*queue, start int) []*queue {
 	return dst[:start+len(slices.Compact(s))]
 }
 
-// Publish routes data through the named exchange and accepts it into every
-// matching queue, where each gets its own [Msg] sharing data. It returns nil once
-// the message is accepted; delivery happens later on the queues' workers, so
-// Publish never blocks on a consumer. Queues are unbounded.
-//
-// It returns an error, and the message is not accepted anywhere, when: the
-// exchange does not exist ([ErrUnknownExchange]); no queue matches and no
-// alternate exchange takes the message ([ErrNoRoute]); an option is invalid
-// ([ErrKeyTooLong], [ErrInvalidHeaders], [ErrInvalidOption]); a filter panics
-// ([*PanicError]); or Stop has begun ([ErrStopped]). Publishing before Start is
-// allowed: the message waits for Start. It is safe for concurrent use.
+// Publish is [MQ.PublishContext] with a context that never ends. It blocks only
+// while a matching queue with a [Block] length limit is full.
 func (m *MQ) Publish(exchange string, data any, opts ...PublishOption) error {
+	return m.PublishContext(context.Background(), exchange, data, opts...)
+}
+
+// PublishContext routes data through the named exchange and accepts it into
+// every matching queue, where each gets its own [Msg] sharing data. It returns
+// nil once the message is accepted: from then on it is delivered, retried,
+// dead-lettered, or reported (logged and counted in [MQ.Stats]), never silently
+// lost. Delivery happens later on the queues' workers: PublishContext never
+// waits for a consumer, and waits at all only while a matching queue with a
+// [Block] length limit is full, until ctx ends.
+//
+// It returns an error, and no queue gets the message, when: the exchange does
+// not exist ([ErrUnknownExchange]); no queue matches and no alternate exchange
+// takes the message ([ErrNoRoute]); a matching queue is full
+// ([ErrQueueFull], wrapping ctx.Err() when waiting for room ended); an option
+// is invalid ([ErrKeyTooLong], [ErrInvalidHeaders], [ErrInvalidOption]); a
+// filter panics ([*PanicError]); or Stop has begun ([ErrStopped]). Publishing
+// before Start is allowed: the message waits for Start. It is safe for
+// concurrent use.
+func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts ...PublishOption) error {
 	var pc publishConfig
 	if len(opts) > 0 {
 		if err := pc.apply(opts); err != nil {
 			return err
 		}
 	}
+	for {
+		m.mu.RLock()
+		r := m.publishLocked(exchange, data, &pc, nil, false)
+		m.mu.RUnlock()
+		if r.room == nil {
+			settleEvicted(r.evicted)
+			return r.err
+		}
+		select {
+		case <-r.room:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: waiting for room: %w", ErrQueueFull, ctx.Err())
+		}
+	}
+}
+
+// publishDead publishes a dead-lettered message. It never blocks: a full
+// queue refuses it whatever its overflow, and it goes on while the MQ stops.
+func (m *MQ) publishDead(exchange string, data any, key string, headers map[string]any, deaths []Death) error {
+	pc := publishConfig{routingKey: key, headers: headers}
 	m.mu.RLock()
-	err := m.publishLocked(exchange, data, &pc)
+	r := m.publishLocked(exchange, data, &pc, deaths, true)
 	m.mu.RUnlock()
-	return err
+	settleEvicted(r.evicted)
+	return r.err
+}
+
+// publishResult is what publishLocked did: err, or wait on room and try
+// again, or dead-letter the messages that DropHead evicted.
+type publishResult struct {
+	err     error
+	room    <-chan struct{}
+	evicted []evicted
+}
+
+type evicted struct {
+	q *queue
+	m *Msg
+}
+
+func settleEvicted(evs []evicted) {
+	for _, e := range evs {
+		e.q.c.overflowed.Add(1)
+		e.q.deadLetter(e.m, ReasonMaxLen, nil)
+	}
 }
 
 // publishLocked routes and enqueues under the read lock, so that Stop, which
-// takes the write lock before it closes the queues, sees each publish either
-// completely or not at all.
-func (m *MQ) publishLocked(name string, data any, pc *publishConfig) error {
-	if m.state >= stateStopping {
-		return ErrStopped
+// takes the write lock, sees each publish either completely or not at all.
+// internal publishes (dead letters) go on while the MQ stops.
+func (m *MQ) publishLocked(name string, data any, pc *publishConfig, deaths []Death, internal bool) publishResult {
+	if !internal && m.state >= stateStopping {
+		return publishResult{err: ErrStopped}
 	}
 	ex := m.exchanges[name]
 	if ex == nil {
-		return fmt.Errorf("%w: %q", ErrUnknownExchange, name)
+		return publishResult{err: fmt.Errorf("%w: %q", ErrUnknownExchange, name)}
 	}
 	var qbuf [8]*queue
 	var mbuf [8]*Msg
-	var id uint64
 	// Follow alternate exchanges; a cycle ends after every exchange was tried.
 	for cur, hops := ex, 0; cur != nil && hops <= len(m.exchanges); hops++ {
 		dst := cur.route(pc.routingKey, pc.headers, qbuf[:0])
-		if len(dst) > 0 {
-			if id == 0 {
-				id = ex.seq.Add(1)
-			}
-			msgs := mbuf[:0]
-			accepted := false
-			for _, q := range dst {
-				msg := &Msg{ID: id, Exchange: ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: data}
-				if q.filter != nil {
-					keep, err := runFilter(q.filter, msg)
-					if err != nil {
-						return err
-					}
-					if !keep {
-						msg = nil
-					}
+		msgs := mbuf[:0]
+		n := 0
+		for _, q := range dst {
+			msg := &Msg{Exchange: ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: data, Deaths: deaths}
+			if q.filter != nil {
+				keep, err := runFilter(q.filter, msg)
+				if err != nil {
+					return publishResult{err: err}
 				}
-				msgs = append(msgs, msg)
-				accepted = accepted || msg != nil
-			}
-			if accepted {
-				// push cannot fail: queues close only after Stop took the write lock.
-				for i, msg := range msgs {
-					if msg != nil {
-						dst[i].push(msg)
-					}
+				if !keep {
+					continue
 				}
-				return nil
 			}
+			dst[n] = q
+			msgs = append(msgs, msg)
+			n++
+		}
+		if n > 0 {
+			return enqueue(ex, dst[:n], msgs, pc, internal)
 		}
 		if cur.cfg.alternate == "" {
 			break
 		}
 		cur = m.exchanges[cur.cfg.alternate]
 	}
-	return fmt.Errorf("%w: exchange %q, routing key %q", ErrNoRoute, name, pc.routingKey)
+	ex.unroutable.Add(1)
+	return publishResult{err: fmt.Errorf("%w: exchange %q, routing key %q", ErrNoRoute, name, pc.routingKey)}
+}
+
+// enqueue accepts msgs[i] into dst[i], all or none.
+func enqueue(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, internal bool) publishResult {
+	timed := pc.delay > 0 || pc.ttl > 0
+	bounded := false
+	for _, q := range dst {
+		timed = timed || q.ttl > 0
+		bounded = bounded || q.maxLen > 0
+	}
+	var now time.Time
+	if timed {
+		now = time.Now()
+	}
+	if !bounded && pc.delay == 0 {
+		// The common case: no queue can refuse the message (they close only
+		// after Stop took the write lock, or when aborted), so one queue at a
+		// time will do.
+		id := ex.seq.Add(1)
+		for i, q := range dst {
+			msgs[i].ID = id
+			q.mu.Lock()
+			if q.closed {
+				q.mu.Unlock()
+				return publishResult{err: ErrStopped}
+			}
+			_, wake := q.enqueueLocked(msgs[i], now, 0, pc.ttl)
+			q.mu.Unlock()
+			if wake {
+				q.cond.Signal()
+			}
+		}
+		return publishResult{}
+	}
+	return enqueueBounded(ex, dst, msgs, pc, now, internal)
+}
+
+// enqueueBounded is enqueue where a queue may refuse the message: it locks
+// every queue (in id order, the one order all multi-queue lockers use), checks
+// their limits, then stamps the ID and enqueues.
+func enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, now time.Time, internal bool) publishResult {
+	sortByID(dst, msgs)
+	for _, q := range dst {
+		q.mu.Lock()
+	}
+	unlockAll := func() {
+		for _, q := range dst {
+			q.mu.Unlock()
+		}
+	}
+	for _, q := range dst {
+		if q.closed {
+			unlockAll()
+			return publishResult{err: ErrStopped}
+		}
+		if !q.fullLocked() || q.overflow == DropHead {
+			continue
+		}
+		if q.overflow == Block && !internal {
+			room := q.roomLocked()
+			unlockAll()
+			return publishResult{room: room}
+		}
+		unlockAll()
+		q.c.rejected.Add(1)
+		return publishResult{err: fmt.Errorf("%w: %q", ErrQueueFull, q.name)}
+	}
+	id := ex.seq.Add(1)
+	var res publishResult
+	var wbuf [8]bool
+	wake := wbuf[:0]
+	for i, q := range dst {
+		msgs[i].ID = id
+		ev, w := q.enqueueLocked(msgs[i], now, pc.delay, pc.ttl)
+		if ev != nil {
+			res.evicted = append(res.evicted, evicted{q, ev})
+		}
+		wake = append(wake, w)
+	}
+	unlockAll()
+	for i, q := range dst {
+		if wake[i] {
+			q.cond.Signal()
+		}
+		if pc.delay > 0 && !evictedSelf(res.evicted, msgs[i]) {
+			q.mq.sched.add(now.Add(pc.delay), q, msgs[i])
+		}
+	}
+	return res
+}
+
+// evictedSelf reports whether DropHead turned m away on arrival.
+func evictedSelf(evs []evicted, m *Msg) bool {
+	for _, e := range evs {
+		if e.m == m {
+			return true
+		}
+	}
+	return false
+}
+
+// sortByID sorts dst by queue id, keeping msgs in step: an insertion sort, as
+// dst is short and usually sorted.
+func sortByID(dst []*queue, msgs []*Msg) {
+	for i := 1; i < len(dst); i++ {
+		for j := i; j > 0 && dst[j].id < dst[j-1].id; j-- {
+			dst[j], dst[j-1] = dst[j-1], dst[j]
+			msgs[j], msgs[j-1] = msgs[j-1], msgs[j]
+		}
+	}
 }
 
 // runFilter calls a queue's filter, turning a panic into an error.

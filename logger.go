@@ -1,10 +1,6 @@
 package tinymq
 
-import (
-	"context"
-	"errors"
-	"log/slog"
-)
+import "log/slog"
 
 // Option configures an MQ in [New].
 type Option interface {
@@ -28,21 +24,3 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 var discardLogger = slog.New(slog.DiscardHandler)
-
-// logFailure logs a failed delivery of m.
-func logFailure(ctx context.Context, log *slog.Logger, m *Msg, err error) {
-	if !log.Enabled(ctx, slog.LevelError) {
-		return
-	}
-	attrs := []slog.Attr{
-		slog.String("exchange", m.Exchange),
-		slog.String("queue", m.Queue),
-		slog.Uint64("msg_id", m.ID),
-		slog.Any("err", err),
-	}
-	var pe *PanicError
-	if errors.As(err, &pe) {
-		attrs = append(attrs, slog.String("stack", string(pe.Stack)))
-	}
-	log.LogAttrs(ctx, slog.LevelError, "tinymq: delivery failed", attrs...)
-}

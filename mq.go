@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 )
 
 type mqState uint8
@@ -33,13 +34,17 @@ type MQ struct {
 	cancel    context.CancelFunc
 	stopAfter func() bool // unregisters the stop on Start's ctx
 
-	wg       sync.WaitGroup // every worker
-	stopOnce sync.Once
-	done     chan struct{} // closed when every worker has returned
-	stopErr  error         // set before done is closed
+	sched     *scheduler
+	wg        sync.WaitGroup // every worker, and the scheduler
+	stopOnce  sync.Once
+	idle      chan struct{} // a stopping queue ran out of work
+	schedQuit chan struct{} // closed to stop the scheduler
+	done      chan struct{} // closed when every worker has returned
+	stopErr   error         // set before done is closed
 
 	abortOnce   sync.Once
-	abortCounts [2]uint64 // undelivered, still in consumers
+	aborted     chan struct{} // closed when Shutdown's deadline passed
+	abortCounts [2]uint64     // undelivered, still in consumers
 }
 
 // New returns an MQ with no exchanges. Publishing is possible at once; delivery
@@ -49,7 +54,11 @@ func New(opts ...Option) *MQ {
 		log:       discardLogger,
 		exchanges: make(map[string]*exchange),
 		queues:    make(map[string]*queue),
+		sched:     newScheduler(),
+		idle:      make(chan struct{}, 1),
+		schedQuit: make(chan struct{}),
 		done:      make(chan struct{}),
+		aborted:   make(chan struct{}),
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -68,6 +77,12 @@ type queueConfig struct {
 	name      string
 	filter    func(*Msg) bool
 	binding   binding
+	retry     RetryPolicy
+	ttl       time.Duration
+	maxLen    int
+	overflow  Overflow
+	dlx       string
+	dlxKey    string
 	queueOnly bool // an option that Bind does not take was given
 }
 
@@ -233,7 +248,7 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 	if err != nil {
 		return err
 	}
-	q := newQueue(len(m.order), name, consumer, concurrency, cfg.filter, m.log)
+	q := newQueue(len(m.order), name, consumer, concurrency, cfg, m)
 	m.queues[name] = q
 	m.order = append(m.order, q)
 	ex.bind(q, cfg.binding, hbs)
@@ -313,28 +328,34 @@ func (m *MQ) Start(ctx context.Context) error {
 	for _, q := range m.order {
 		m.startWorkers(q)
 	}
+	m.wg.Add(1)
+	go m.sched.run(m.schedQuit, &m.wg)
 	m.stopAfter = context.AfterFunc(ctx, m.Stop)
 	return nil
 }
 
-// Stop stops accepting messages, waits until every message already accepted has
-// been handed to its consumer and every worker has returned, then cancels the
-// consumers' context. It blocks for as long as that takes; use [MQ.Shutdown] to
-// bound it. Stop is idempotent and safe to call concurrently: every call returns
-// once the MQ has stopped. Stop before Start delivers nothing: it logs how many
-// accepted messages it dropped.
+// Stop stops accepting messages and waits until every message already accepted
+// has reached its end: delivered, or retried until it succeeded or was
+// dead-lettered (dead letters published meanwhile included), or expired. It
+// waits for messages delayed or backing off too. Then every worker has
+// returned and Stop cancels the consumers' context. It blocks for as long as
+// that takes; use [MQ.Shutdown] to bound it. Stop is idempotent and safe to
+// call concurrently: every call returns once the MQ has stopped. Publishers
+// blocked on a full queue return [ErrStopped]. Stop before Start delivers
+// nothing: it logs how many accepted messages it dropped.
 func (m *MQ) Stop() {
 	_ = m.Shutdown(context.Background())
 }
 
 // Shutdown is [MQ.Stop] bounded by ctx. It returns nil once every accepted
-// message has been handed to its consumer and every worker has returned. If ctx
-// ends first, it cancels the consumers' context, drops the messages that no
-// worker has begun, logs how many, and returns an error wrapping both
-// [ErrUndelivered] and ctx.Err() that says how many accepted messages were not
-// delivered. Workers still inside a consumer then return when the consumer
-// does; call Stop to wait for them. Shutdown before Start drops what was
-// published and returns an error wrapping ErrUndelivered if that was anything.
+// message has reached its end and every worker has returned. If ctx ends
+// first, it cancels the consumers' context, drops the messages that no worker
+// has begun (those waiting for a delay or retry included), logs how many, and
+// returns an error wrapping both [ErrUndelivered] and ctx.Err() that says how
+// many accepted messages never reached a consumer. Workers still inside a
+// consumer then return when the consumer does; call Stop to wait for them.
+// Shutdown before Start drops what was published and returns an error
+// wrapping ErrUndelivered if that was anything.
 func (m *MQ) Shutdown(ctx context.Context) error {
 	m.stopOnce.Do(m.beginStop)
 	select {
@@ -348,25 +369,34 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	m.abortOnce.Do(func() {
-		m.mu.RLock()
-		queues := slices.Clone(m.order)
-		m.mu.RUnlock()
 		m.cancel()
-		for _, q := range queues {
-			undelivered, running := q.abort()
-			m.abortCounts[0] += undelivered
-			m.abortCounts[1] += running
-			if undelivered > 0 {
-				m.log.LogAttrs(context.Background(), slog.LevelError, "tinymq: shutdown deadline passed, messages not delivered",
-					slog.String("queue", q.name), slog.Uint64("count", undelivered))
-			}
-		}
+		m.abortCounts = m.abortAll("tinymq: shutdown deadline passed, messages not delivered")
+		close(m.aborted)
 	})
 	return fmt.Errorf("%w: %d never reached a consumer, %d were in consumers: %w",
 		ErrUndelivered, m.abortCounts[0], m.abortCounts[1], ctx.Err())
 }
 
-// beginStop stops publishing and lets the workers drain; it runs once.
+// abortAll aborts every queue, logs what each left undelivered with msg, and
+// returns the totals undelivered and still in consumers.
+func (m *MQ) abortAll(msg string) [2]uint64 {
+	m.mu.RLock()
+	queues := slices.Clone(m.order)
+	m.mu.RUnlock()
+	var total [2]uint64
+	for _, q := range queues {
+		undelivered, running := q.abort()
+		total[0] += undelivered
+		total[1] += running
+		if undelivered > 0 {
+			m.log.LogAttrs(context.Background(), slog.LevelError, msg,
+				slog.String("queue", q.name), slog.Uint64("count", undelivered))
+		}
+	}
+	return total
+}
+
+// beginStop stops publishing and starts draining; it runs once.
 func (m *MQ) beginStop() {
 	m.mu.Lock()
 	prev := m.state
@@ -375,26 +405,52 @@ func (m *MQ) beginStop() {
 	m.mu.Unlock()
 
 	if prev == stateNew {
-		var dropped uint64
-		for _, q := range queues {
-			n, _ := q.abort()
-			dropped += n
-		}
-		if dropped > 0 {
-			m.stopErr = fmt.Errorf("%w: %d messages published before Start were dropped by a stop before Start", ErrUndelivered, dropped)
-			m.log.LogAttrs(context.Background(), slog.LevelError, "tinymq: stopped before Start, messages not delivered",
-				slog.Uint64("count", dropped))
+		if n := m.abortAll("tinymq: stopped before Start, messages not delivered")[0]; n > 0 {
+			m.stopErr = fmt.Errorf("%w: %d messages published before Start were dropped by a stop before Start", ErrUndelivered, n)
 		}
 		close(m.done)
 		return
 	}
 	for _, q := range queues {
+		q.stop()
+	}
+	go m.drain(queues)
+}
+
+// drain waits until no queue has work left, all at one instant (a consumer
+// may still dead-letter into a queue that was idle), closes the queues and the
+// scheduler, waits for every worker, and closes done.
+func (m *MQ) drain(queues []*queue) {
+wait:
+	for !quiescent(queues) {
+		select {
+		case <-m.idle:
+		case <-m.aborted:
+			break wait
+		}
+	}
+	for _, q := range queues {
 		q.close()
 	}
-	go func() {
-		m.wg.Wait()
-		m.cancel()
-		m.stopAfter()
-		close(m.done)
-	}()
+	close(m.schedQuit)
+	m.wg.Wait()
+	m.cancel()
+	m.stopAfter()
+	close(m.done)
+}
+
+// quiescent reports whether every queue is empty and idle, holding all their
+// locks at once (in id order) so that no message moves between them meanwhile.
+func quiescent(queues []*queue) bool {
+	for _, q := range queues {
+		q.mu.Lock()
+	}
+	ok := true
+	for _, q := range queues {
+		ok = ok && q.quiescentLocked()
+	}
+	for _, q := range queues {
+		q.mu.Unlock()
+	}
+	return ok
 }

@@ -279,6 +279,8 @@ func TestPanicAndErrorAreRecoveredPerMessageAndLogged(t *testing.T) {
 	recs := records(t)
 	require.Len(t, recs, 2)
 	assert.Equal(t, "ERROR", recs[0]["level"])
+	assert.Equal(t, "tinymq: message dropped", recs[0]["msg"])
+	assert.Equal(t, "rejected", recs[0]["reason"])
 	assert.Equal(t, "ev", recs[0]["exchange"])
 	assert.Equal(t, "email", recs[0]["queue"])
 	assert.Equal(t, float64(2), recs[0]["msg_id"])

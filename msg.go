@@ -1,6 +1,9 @@
 package tinymq
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Msg is one message as a consumer receives it.
 //
@@ -24,6 +27,14 @@ type Msg struct {
 	Headers map[string]any
 	// Data is the payload given to Publish. Shared by all copies.
 	Data any
+	// Attempt is 1 on the first delivery to a consumer and grows by one with
+	// each retry (see [WithRetry]).
+	Attempt int
+	// Deaths lists the times the message was dead-lettered, the latest first;
+	// empty unless it reached this queue through a dead-letter exchange.
+	Deaths []Death
+
+	expires int64 // UnixNano after which it is expired; 0: never
 }
 
 // PublishOption configures one Publish call. Options are plain values, so
@@ -32,6 +43,7 @@ type PublishOption struct {
 	kind    publishOptionKind
 	key     string
 	headers map[string]any
+	d       time.Duration
 }
 
 type publishOptionKind uint8
@@ -40,6 +52,8 @@ const (
 	_ publishOptionKind = iota
 	optRoutingKey
 	optHeaders
+	optTTL
+	optDelay
 )
 
 // WithRoutingKey sets the message's routing key, which direct and topic
@@ -58,9 +72,26 @@ func WithHeaders(h map[string]any) PublishOption {
 	return PublishOption{kind: optHeaders, headers: h}
 }
 
+// WithTTL gives the message a time to live in every queue it reaches, counted
+// from when it is enqueued (after any delay): once it passes, the message is
+// never handed to a consumer but dead-lettered with reason [ReasonExpired]. A
+// queue's own TTL ([WithMessageTTL]) applies too; the shorter wins.
+func WithTTL(ttl time.Duration) PublishOption {
+	return PublishOption{kind: optTTL, d: ttl}
+}
+
+// WithDelay makes the message visible to consumers only after d. Publish
+// returns at once; the message counts as accepted (and towards a queue's
+// length limit) while it waits, and Stop waits for it.
+func WithDelay(d time.Duration) PublishOption {
+	return PublishOption{kind: optDelay, d: d}
+}
+
 type publishConfig struct {
 	routingKey string
 	headers    map[string]any
+	ttl        time.Duration
+	delay      time.Duration
 }
 
 func (c *publishConfig) apply(opts []PublishOption) error {
@@ -70,6 +101,15 @@ func (c *publishConfig) apply(opts []PublishOption) error {
 			c.routingKey = o.key
 		case optHeaders:
 			c.headers = o.headers
+		case optTTL, optDelay:
+			if o.d <= 0 {
+				return fmt.Errorf("%w: duration %v", ErrInvalidOption, o.d)
+			}
+			if o.kind == optTTL {
+				c.ttl = o.d
+			} else {
+				c.delay = o.d
+			}
 		default:
 			return ErrInvalidOption
 		}

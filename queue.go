@@ -2,17 +2,23 @@ package tinymq
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 const (
 	// maxBatch is the most messages a worker takes under one lock.
 	maxBatch = 64
-	// abortBit marks queue.started once Shutdown's deadline has passed.
+	// abortBit marks queue.begun once Shutdown's deadline has passed.
 	abortBit = 1 << 63
+	// sampleEvery: a worker times one consumer call in sampleEvery, its first
+	// included, since reading the clock twice costs as much as the rest of a
+	// delivery on some machines.
+	sampleEvery = 16
 )
 
 // chunkSize is how many messages one chunk of a fifo holds.
@@ -87,62 +93,122 @@ type queue struct {
 	name        string
 	consumer    ConsumerFunc
 	concurrency int
-	filter      func(*Msg) bool
+	mq          *MQ
 	log         *slog.Logger
+	queueConfig
 
-	mu       sync.Mutex
-	cond     sync.Cond // L is &mu; signalled once per parked worker to wake
-	buf      fifo
-	idle     int  // workers parked in cond.Wait and not yet signalled
-	closed   bool // no more pushes; workers exit once the buffer is empty
-	accepted uint64
+	mu        sync.Mutex
+	cond      sync.Cond // L is &mu; signalled once per parked worker to wake
+	buf       fifo
+	idle      int           // workers parked in cond.Wait and not yet signalled
+	busy      int           // workers holding a batch
+	scheduled int           // messages waiting in the scheduler for a delay or a retry
+	stopping  bool          // the MQ is stopping: report when quiescent
+	closed    bool          // workers exit once buf is empty
+	aborted   bool          // Shutdown's deadline passed: nothing more is delivered
+	room      chan struct{} // closed when there may be room (Block publishers wait on it)
+	accepted  uint64        // messages published into the queue
+	entered   uint64        // entries into buf or the scheduler: accepted messages and retries
 
-	started   atomic.Uint64 // messages handed to the consumer; abortBit once aborted
-	succeeded atomic.Uint64
-	failed    atomic.Uint64
+	begun atomic.Uint64 // entries that workers took out of buf; abortBit once aborted
+	c     queueCounters
+	hist  histogram
 }
 
-func newQueue(id int, name string, consumer ConsumerFunc, concurrency int, filter func(*Msg) bool, log *slog.Logger) *queue {
-	q := &queue{id: id, name: name, consumer: consumer, concurrency: concurrency, filter: filter, log: log}
+type queueCounters struct {
+	delivered, succeeded, failed, retried atomic.Uint64
+	deadLettered, expired, overflowed     atomic.Uint64
+	rejected, dropped, undelivered        atomic.Uint64
+}
+
+func newQueue(id int, name string, consumer ConsumerFunc, concurrency int, cfg queueConfig, mq *MQ) *queue {
+	q := &queue{id: id, name: name, consumer: consumer, concurrency: concurrency, mq: mq, log: mq.log, queueConfig: cfg}
+	if q.retry.MaxAttempts == 0 {
+		q.retry.MaxAttempts = 1
+	}
 	q.cond.L = &q.mu
 	return q
 }
 
-// push appends m and wakes a parked worker. It never blocks on consumers. It
-// reports false when the queue is closed.
-func (q *queue) push(m *Msg) bool {
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return false
+// fullLocked reports whether the queue is at its length limit. q.mu is held.
+func (q *queue) fullLocked() bool {
+	return q.maxLen > 0 && q.buf.n+q.scheduled >= q.maxLen
+}
+
+// roomLocked returns a channel closed when the queue may have room. q.mu is held.
+func (q *queue) roomLocked() <-chan struct{} {
+	if q.room == nil {
+		q.room = make(chan struct{})
+	}
+	return q.room
+}
+
+// freeRoomLocked wakes the publishers waiting for room. q.mu is held.
+func (q *queue) freeRoomLocked() {
+	if q.room != nil {
+		close(q.room)
+		q.room = nil
+	}
+}
+
+// enqueueLocked accepts m, which the caller made visible at now (zero when the
+// queue has no TTL and m no delay). q.mu is held, the queue is open, and a
+// limit other than DropHead has room. It returns the message that DropHead
+// evicted, if any, whether a worker should be woken, and whether m waits in the
+// scheduler until due.
+func (q *queue) enqueueLocked(m *Msg, now time.Time, delay, ttl time.Duration) (evicted *Msg, wake bool) {
+	if q.fullLocked() { // DropHead
+		if q.buf.n > 0 {
+			var one [1]*Msg
+			evicted = q.buf.pop(one[:0], 1)[0]
+			q.begun.Add(1) // it left buf without a worker
+		} else {
+			// Every message waits in the scheduler: the newcomer is the one to go.
+			q.accepted++
+			return m, false
+		}
+	}
+	q.accepted++
+	q.entered++
+	if q.ttl > 0 && (ttl == 0 || q.ttl < ttl) {
+		ttl = q.ttl
+	}
+	if ttl > 0 {
+		m.expires = now.Add(delay + ttl).UnixNano()
+	}
+	if delay > 0 {
+		q.scheduled++
+		return evicted, false
 	}
 	q.buf.push(m)
-	q.accepted++
-	wake := q.idle > 0
+	wake = q.idle > 0
 	if wake {
 		q.idle--
 	}
-	q.mu.Unlock()
-	if wake {
-		q.cond.Signal()
-	}
-	return true
+	return evicted, wake
 }
 
 // take waits for messages and appends up to a fair share of them (at most
-// maxBatch) to dst. It returns dst unchanged once the queue is closed and empty.
-func (q *queue) take(dst []*Msg) []*Msg {
+// maxBatch) to dst. held says the worker is done with its previous batch. It
+// reports false once the queue is closed and empty.
+func (q *queue) take(dst []*Msg, held bool) ([]*Msg, bool) {
 	q.mu.Lock()
+	if held {
+		q.busy--
+		q.reportIfQuiescentLocked()
+	}
 	for q.buf.n == 0 {
 		if q.closed {
 			q.mu.Unlock()
-			return dst
+			return dst, false
 		}
 		q.idle++
 		q.cond.Wait()
 	}
 	k := min(max(q.buf.n/q.concurrency, 1), maxBatch)
 	dst = q.buf.pop(dst, k)
+	q.busy++
+	q.freeRoomLocked()
 	wake := q.buf.n > 0 && q.idle > 0
 	if wake {
 		q.idle--
@@ -151,10 +217,53 @@ func (q *queue) take(dst []*Msg) []*Msg {
 	if wake {
 		q.cond.Signal()
 	}
-	return dst
+	return dst, true
 }
 
-// close stops pushes; the workers deliver what is buffered, then exit.
+// reportIfQuiescentLocked tells a stopping MQ that this queue has nothing left
+// to do. q.mu is held.
+func (q *queue) reportIfQuiescentLocked() {
+	if q.stopping && q.quiescentLocked() {
+		select {
+		case q.mq.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (q *queue) quiescentLocked() bool {
+	return q.buf.n == 0 && q.scheduled == 0 && q.busy == 0
+}
+
+// release moves a message that the scheduler found due into buf.
+func (q *queue) release(m *Msg) {
+	q.mu.Lock()
+	q.scheduled--
+	if q.aborted { // abort counted it as undelivered
+		q.mu.Unlock()
+		return
+	}
+	q.buf.push(m)
+	wake := q.idle > 0
+	if wake {
+		q.idle--
+	}
+	q.mu.Unlock()
+	if wake {
+		q.cond.Signal()
+	}
+}
+
+// stop marks the queue as stopping and wakes the publishers waiting for room,
+// which then see that the MQ is stopping.
+func (q *queue) stop() {
+	q.mu.Lock()
+	q.stopping = true
+	q.freeRoomLocked()
+	q.mu.Unlock()
+}
+
+// close lets the workers exit once buf is empty.
 func (q *queue) close() {
 	q.mu.Lock()
 	q.closed = true
@@ -163,25 +272,40 @@ func (q *queue) close() {
 	q.cond.Broadcast()
 }
 
-// abort closes the queue and drops what no worker has begun to deliver. It
-// returns how many accepted messages will never reach the consumer, and how
-// many are in the consumer now.
+// abort closes the queue and drops what no worker has begun to deliver, in buf
+// and in the scheduler. It returns how many entries will never reach the
+// consumer, and how many messages are in the consumer now.
 func (q *queue) abort() (undelivered, running uint64) {
-	started := q.started.Or(abortBit) &^ abortBit
+	begun := q.begun.Or(abortBit) &^ abortBit
 	q.mu.Lock()
+	if q.aborted {
+		q.mu.Unlock()
+		return 0, 0
+	}
+	q.aborted, q.closed = true, true
 	q.buf.clear()
-	q.closed = true
 	q.idle = 0
-	accepted := q.accepted
+	q.freeRoomLocked()
+	undelivered = q.entered - begun
 	q.mu.Unlock()
 	q.cond.Broadcast()
-	return accepted - started, started - q.succeeded.Load() - q.failed.Load()
+	q.c.undelivered.Add(undelivered)
+	return undelivered, q.inFlight()
 }
 
-// begin counts a message as handed to the consumer; false once aborted. After
-// abort the count goes on rising, unread, below abortBit.
+// inFlight is how many messages are in the consumer now.
+func (q *queue) inFlight() uint64 {
+	done := q.c.succeeded.Load() + q.c.failed.Load()
+	if d := q.c.delivered.Load(); d > done {
+		return d - done
+	}
+	return 0
+}
+
+// begin counts an entry as taken out of buf by a worker; false once aborted.
+// After abort the count goes on rising, unread, below abortBit.
 func (q *queue) begin() bool {
-	return q.started.Add(1)&abortBit == 0
+	return q.begun.Add(1)&abortBit == 0
 }
 
 // work is one worker: it delivers messages until the queue is closed and empty,
@@ -189,37 +313,153 @@ func (q *queue) begin() bool {
 func (q *queue) work(ctx context.Context, wg *sync.WaitGroup) {
 	defer wg.Done()
 	batch := make([]*Msg, 0, maxBatch)
+	held := false
+	calls := 0
 	for {
-		batch = q.take(batch[:0])
-		if len(batch) == 0 {
+		var ok bool
+		batch, ok = q.take(batch[:0], held)
+		if !ok {
 			return
 		}
+		held = true
 		for i, m := range batch {
 			batch[i] = nil
 			if !q.begin() {
-				break // aborted: abort counted the rest as undelivered
+				clear(batch[i:]) // aborted: abort counted the rest as undelivered
+				break
 			}
-			q.process(ctx, m)
+			q.deliver(ctx, m, calls%sampleEvery == 0)
+			calls++
 		}
 	}
 }
 
-// process runs the consumer on one message, turning a panic into a failed
-// delivery so that the worker goes on.
-func (q *queue) process(ctx context.Context, m *Msg) {
-	defer func() {
-		if r := recover(); r != nil {
-			q.fail(ctx, m, &PanicError{Value: r, Stack: debug.Stack()})
-		}
-	}()
-	if err := q.consumer(ctx, m); err != nil {
-		q.fail(ctx, m, err)
+// deliver hands m to the consumer, unless it expired, and settles the outcome:
+// success, a retry, or a dead letter.
+func (q *queue) deliver(ctx context.Context, m *Msg, timed bool) {
+	if m.expires != 0 && time.Now().UnixNano() >= m.expires {
+		q.c.expired.Add(1)
+		q.deadLetter(m, ReasonExpired, nil)
 		return
 	}
-	q.succeeded.Add(1)
+	m.Attempt++
+	q.c.delivered.Add(1)
+	var start time.Time
+	if timed {
+		start = time.Now()
+	}
+	err := q.process(ctx, m)
+	if timed {
+		q.hist.observe(time.Since(start))
+	}
+	if err == nil {
+		q.c.succeeded.Add(1)
+		return
+	}
+	q.c.failed.Add(1)
+	if m.Attempt < q.retry.MaxAttempts && !errors.Is(err, ErrPermanent) {
+		q.retryLater(m, err)
+		return
+	}
+	q.deadLetter(m, ReasonRejected, err)
 }
 
-func (q *queue) fail(ctx context.Context, m *Msg, err error) {
-	q.failed.Add(1)
-	logFailure(ctx, q.log, m, err)
+// process runs the consumer on one message, turning a panic into an error.
+func (q *queue) process(ctx context.Context, m *Msg) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return q.consumer(ctx, m)
+}
+
+// retryLater schedules m for its next attempt after its backoff.
+func (q *queue) retryLater(m *Msg, err error) {
+	backoff := q.retry.backoff(m.Attempt)
+	q.mu.Lock()
+	if q.aborted {
+		q.mu.Unlock()
+		q.c.undelivered.Add(1)
+		q.logFailure(m, err, slog.LevelError, "tinymq: delivery failed, no retry after the shutdown deadline")
+		return
+	}
+	q.scheduled++
+	q.entered++
+	q.mu.Unlock()
+	q.c.retried.Add(1)
+	q.logFailure(m, err, slog.LevelWarn, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
+	q.mq.sched.add(time.Now().Add(backoff), q, m)
+}
+
+// deadLetter publishes m to the queue's dead-letter exchange, or drops it when
+// there is none or it cannot route m, and logs which with the reason and the
+// consumer's last error (cause). Either way m has reached its end here.
+func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
+	now := time.Now()
+	death := Death{Reason: reason, Exchange: m.Exchange, Queue: q.name, RoutingKey: m.RoutingKey,
+		Attempts: m.Attempt, Time: now}
+	if cause != nil {
+		death.LastError = cause.Error()
+	}
+	var err error
+	switch {
+	case q.dlx == "":
+		err = errNoDeadLetterExchange
+	case reason != ReasonRejected && diedHereBefore(m.Deaths, q.name, reason):
+		err = errDeadLetterCycle
+	default:
+		key := q.dlxKey
+		if key == "" {
+			key = m.RoutingKey
+		}
+		deaths := make([]Death, 0, len(m.Deaths)+1)
+		deaths = append(append(deaths, death), m.Deaths...)
+		err = q.mq.publishDead(q.dlx, m.Data, key, m.Headers, deaths)
+	}
+	reasonAttr := slog.String("reason", string(reason))
+	if err == nil {
+		q.c.deadLettered.Add(1)
+		q.logFailure(m, cause, slog.LevelWarn, "tinymq: message dead-lettered", reasonAttr,
+			slog.String("dead_letter_exchange", q.dlx))
+		return
+	}
+	q.c.dropped.Add(1)
+	q.logFailure(m, cause, slog.LevelError, "tinymq: message dropped", reasonAttr, slog.String("drop_cause", err.Error()))
+}
+
+var (
+	errNoDeadLetterExchange = errors.New("no dead-letter exchange")
+	errDeadLetterCycle      = errors.New("dead-letter cycle")
+)
+
+func diedHereBefore(deaths []Death, queue string, reason DeathReason) bool {
+	for _, d := range deaths {
+		if d.Queue == queue && d.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+// logFailure logs what became of m, with err, the consumer's error (if any).
+func (q *queue) logFailure(m *Msg, err error, level slog.Level, msg string, extra ...slog.Attr) {
+	ctx := context.Background()
+	if !q.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	attrs = append(attrs,
+		slog.String("exchange", m.Exchange),
+		slog.String("queue", q.name),
+		slog.Uint64("msg_id", m.ID),
+		slog.Int("attempt", m.Attempt))
+	if err != nil {
+		attrs = append(attrs, slog.Any("err", err))
+		var pe *PanicError
+		if errors.As(err, &pe) {
+			attrs = append(attrs, slog.String("stack", string(pe.Stack)))
+		}
+	}
+	q.log.LogAttrs(ctx, level, msg, append(attrs, extra...)...)
 }

@@ -95,14 +95,19 @@ func TestQueueGivesMemoryBackAfterDraining(t *testing.T) {
 }
 
 func TestBatchIsAFairShare(t *testing.T) {
-	q := newQueue(0, "q", nil, 4, nil, discardLogger)
+	q := newQueue(0, "q", nil, 4, queueConfig{}, New())
 	for i := range 400 {
-		q.push(&Msg{ID: uint64(i)})
+		q.buf.push(&Msg{ID: uint64(i)})
 	}
-	assert.Len(t, q.take(nil), maxBatch, "never more than maxBatch under one lock")
+	take := func() []*Msg {
+		b, ok := q.take(nil, false)
+		require.True(t, ok)
+		return b
+	}
+	assert.Len(t, take(), maxBatch, "never more than maxBatch under one lock")
 	for q.buf.n > 8 {
-		q.take(nil)
+		take()
 	}
-	assert.Len(t, q.take(nil), 2, "a quarter of what is left with 4 workers")
-	assert.Len(t, q.take(nil), 1, "at least one")
+	assert.Len(t, take(), 2, "a quarter of what is left with 4 workers")
+	assert.Len(t, take(), 1, "at least one")
 }

@@ -1,0 +1,209 @@
+package tinymq
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+)
+
+// RetryPolicy says how often and when a queue delivers a message again after
+// its consumer returned an error or panicked. Zero fields take the defaults
+// given on each field.
+//
+// A retried message waits on a timer, not in a worker: the worker goes on with
+// the messages behind it, and the retry joins the back of the queue when its
+// backoff has passed, so retries reorder a queue's messages.
+type RetryPolicy struct {
+	// MaxAttempts is how many deliveries a message gets in all, the first
+	// included. Default 3.
+	MaxAttempts int
+	// InitialBackoff is the wait before the second attempt. Default 100ms.
+	InitialBackoff time.Duration
+	// MaxBackoff caps the wait. Default 30s.
+	MaxBackoff time.Duration
+	// Multiplier is how much each wait grows over the one before. Default 2;
+	// at least 1.
+	Multiplier float64
+	// Jitter is the fraction of each wait that is random: a wait of d becomes a
+	// value in [d*(1-Jitter), d]. It spreads retries that failed together so they
+	// do not come back together. Default 0 (none); at most 1.
+	Jitter float64
+}
+
+func (p RetryPolicy) normalize() (RetryPolicy, error) {
+	if p.MaxAttempts < 0 || p.InitialBackoff < 0 || p.MaxBackoff < 0 ||
+		(p.Multiplier != 0 && p.Multiplier < 1) || p.Jitter < 0 || p.Jitter > 1 ||
+		math.IsNaN(p.Multiplier) || math.IsNaN(p.Jitter) {
+		return p, fmt.Errorf("%w: retry policy %+v", ErrInvalidOption, p)
+	}
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = 3
+	}
+	if p.InitialBackoff == 0 {
+		p.InitialBackoff = 100 * time.Millisecond
+	}
+	if p.MaxBackoff == 0 {
+		p.MaxBackoff = 30 * time.Second
+	}
+	if p.MaxBackoff < p.InitialBackoff {
+		return p, fmt.Errorf("%w: MaxBackoff %v below InitialBackoff %v", ErrInvalidOption, p.MaxBackoff, p.InitialBackoff)
+	}
+	if p.Multiplier == 0 {
+		p.Multiplier = 2
+	}
+	return p, nil
+}
+
+// Backoff returns the wait after the given failed attempt (1 for the first),
+// before jitter: InitialBackoff * Multiplier^(attempt-1), at most MaxBackoff.
+// The policy must be normalized.
+func (p RetryPolicy) backoff(attempt int) time.Duration {
+	d := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(attempt-1))
+	if d >= float64(p.MaxBackoff) || math.IsInf(d, 0) {
+		d = float64(p.MaxBackoff)
+	}
+	if p.Jitter > 0 {
+		d -= d * p.Jitter * rand.Float64()
+	}
+	return time.Duration(d)
+}
+
+// WithRetry gives the queue a retry policy. Without one, a message gets one
+// attempt. A message that used up its attempts, or whose consumer returned a
+// [Permanent] error, is dead-lettered (see [WithDeadLetter]) with reason
+// [ReasonRejected].
+func WithRetry(p RetryPolicy) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		n, err := p.normalize()
+		if err != nil {
+			return err
+		}
+		c.retry, c.queueOnly = n, true
+		return nil
+	})
+}
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string        { return e.err.Error() }
+func (e permanentError) Unwrap() error        { return e.err }
+func (e permanentError) Is(target error) bool { return target == ErrPermanent }
+
+// Permanent marks a consumer's error as one that retrying cannot fix, such as a
+// malformed payload: the message skips its remaining attempts and is
+// dead-lettered at once. errors.Is(Permanent(err), err) holds. Permanent(nil)
+// is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// DeathReason says why a message was dead-lettered, in RabbitMQ's words.
+type DeathReason string
+
+const (
+	// ReasonRejected: the consumer failed on the last allowed attempt, or
+	// returned a Permanent error.
+	ReasonRejected DeathReason = "rejected"
+	// ReasonExpired: the message's TTL passed before a consumer got it.
+	ReasonExpired DeathReason = "expired"
+	// ReasonMaxLen: the queue was at its length limit with DropHead, and this
+	// was its oldest message.
+	ReasonMaxLen DeathReason = "maxlen"
+)
+
+// Death records one dead-lettering of a message, as RabbitMQ's x-death header
+// does.
+type Death struct {
+	Reason DeathReason
+	// Exchange, Queue and RoutingKey say where the message was when it died:
+	// the exchange it had been published to, the queue it was dead-lettered
+	// from, and its routing key there.
+	Exchange   string
+	Queue      string
+	RoutingKey string
+	// Attempts is how many times a consumer had been handed the message.
+	Attempts int
+	// LastError is the text of the consumer's last error, if any.
+	LastError string
+	// Time is when it was dead-lettered.
+	Time time.Time
+}
+
+// WithDeadLetter makes the queue publish its dead messages (see [DeathReason])
+// to exchange, with routingKey, or with their own routing key when routingKey
+// is "". The message keeps its data and headers and gains a [Death] at the
+// front of [Msg.Deaths]. The exchange need not exist yet; if it does not exist
+// or cannot route the message when the time comes, the message is logged and
+// counted as dropped. Without a dead-letter exchange, dead messages are logged
+// and counted as dropped.
+//
+// As in RabbitMQ, a message that would be dead-lettered for expiry or length
+// into a queue it already died in that way is dropped instead, to break the
+// cycle.
+func WithDeadLetter(exchange, routingKey string) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		if exchange == "" {
+			return fmt.Errorf("%w: dead-letter exchange", ErrEmptyName)
+		}
+		if len(routingKey) > maxKeyLen {
+			return ErrKeyTooLong
+		}
+		c.dlx, c.dlxKey, c.queueOnly = exchange, routingKey, true
+		return nil
+	})
+}
+
+// WithMessageTTL gives every message of the queue a time to live, counted from
+// when it is enqueued (after any delay). A message still waiting when its TTL
+// passes is never handed to a consumer: it is dead-lettered with reason
+// [ReasonExpired] when it reaches the front of the queue. With a per-message
+// TTL too ([WithTTL]), the shorter applies.
+func WithMessageTTL(ttl time.Duration) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		if ttl <= 0 {
+			return fmt.Errorf("%w: TTL %v", ErrInvalidOption, ttl)
+		}
+		c.ttl, c.queueOnly = ttl, true
+		return nil
+	})
+}
+
+// Overflow says what a queue at its length limit does with one more message.
+type Overflow uint8
+
+const (
+	// DropHead makes room by dead-lettering the oldest ready message with reason
+	// [ReasonMaxLen]. Publish succeeds.
+	DropHead Overflow = iota + 1
+	// RejectPublish refuses the message: Publish returns [ErrQueueFull] and no
+	// queue gets it.
+	RejectPublish
+	// Block makes Publish wait for room, until its context ends
+	// ([MQ.PublishContext]) or Stop begins.
+	Block
+)
+
+// WithMaxLen limits the queue to n messages, counting those ready and those
+// waiting for a delay or a retry, but not those in a consumer. overflow says
+// what happens to one more. Queues are unbounded by default.
+//
+// A publish to an exchange with several matching queues is all or nothing: if
+// any of them is full with RejectPublish, Publish returns ErrQueueFull and none
+// of them gets the message; if any is full with Block, Publish waits until all
+// have room; DropHead queues make room and take it.
+func WithMaxLen(n int, overflow Overflow) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		if n < 1 {
+			return fmt.Errorf("%w: max length %d", ErrInvalidOption, n)
+		}
+		if overflow < DropHead || overflow > Block {
+			return fmt.Errorf("%w: overflow %d", ErrInvalidOption, overflow)
+		}
+		c.maxLen, c.overflow, c.queueOnly = n, overflow, true
+		return nil
+	})
+}

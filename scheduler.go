@@ -1,0 +1,91 @@
+package tinymq
+
+import (
+	"container/heap"
+	"sync"
+	"time"
+)
+
+// scheduler holds the messages that wait for a delay or a retry backoff, and
+// moves each into its queue when due. One goroutine, run, owns the timer; it is
+// started by Start and joined by Stop.
+type scheduler struct {
+	mu    sync.Mutex
+	items schedHeap
+	wake  chan struct{} // a new earliest item: re-arm the timer
+}
+
+type schedItem struct {
+	due time.Time
+	q   *queue
+	m   *Msg
+}
+
+type schedHeap []schedItem
+
+func (h schedHeap) Len() int           { return len(h) }
+func (h schedHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h schedHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *schedHeap) Push(x any)        { *h = append(*h, x.(schedItem)) }
+func (h *schedHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = schedItem{}
+	*h = old[:len(old)-1]
+	return it
+}
+
+func newScheduler() *scheduler {
+	return &scheduler{wake: make(chan struct{}, 1)}
+}
+
+// add schedules m to move into q at due. The caller has counted it in
+// q.scheduled.
+func (s *scheduler) add(due time.Time, q *queue, m *Msg) {
+	s.mu.Lock()
+	heap.Push(&s.items, schedItem{due: due, q: q, m: m})
+	first := s.items[0].m == m
+	s.mu.Unlock()
+	if first {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run releases due messages until quit is closed.
+func (s *scheduler) run(quit <-chan struct{}, wg *sync.WaitGroup) {
+	defer wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var due []schedItem
+	for {
+		s.mu.Lock()
+		now := time.Now()
+		for len(s.items) > 0 && !s.items[0].due.After(now) {
+			due = append(due, heap.Pop(&s.items).(schedItem))
+		}
+		wait := time.Duration(-1)
+		if len(s.items) > 0 {
+			wait = s.items[0].due.Sub(now)
+		}
+		s.mu.Unlock()
+		for i, it := range due {
+			it.q.release(it.m)
+			due[i] = schedItem{}
+		}
+		due = due[:0]
+		if wait >= 0 {
+			timer.Reset(wait)
+		} else {
+			timer.Stop()
+		}
+		select {
+		case <-timer.C:
+		case <-s.wake:
+		case <-quit:
+			return
+		}
+	}
+}

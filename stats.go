@@ -1,0 +1,166 @@
+package tinymq
+
+import (
+	"math/bits"
+	"sync/atomic"
+	"time"
+)
+
+// Stats is a snapshot of an MQ's counters, from [MQ.Stats].
+type Stats struct {
+	Exchanges map[string]ExchangeStats
+	Queues    map[string]QueueStats
+}
+
+// ExchangeStats counts what was published to one exchange.
+type ExchangeStats struct {
+	Kind ExchangeType
+	// Published counts the messages accepted (Publish returned nil), each once
+	// however many queues it reached; the last one's [Msg.ID] equals it.
+	Published uint64
+	// Unroutable counts the publishes refused with [ErrNoRoute].
+	Unroutable uint64
+}
+
+// QueueStats counts what happened in one queue. Every accepted message ends
+// in exactly one of Succeeded, DeadLettered, Dropped or Undelivered; until then
+// it is counted in Depth or InFlight. Counters only grow.
+type QueueStats struct {
+	// Depth is how many messages wait: Ready plus Scheduled.
+	Depth int
+	// Ready is how many messages wait for a worker.
+	Ready int
+	// Scheduled is how many messages wait for a delay or a retry backoff.
+	Scheduled int
+	// InFlight is how many messages are in the consumer now.
+	InFlight int
+
+	// Accepted counts the messages published into the queue.
+	Accepted uint64
+	// Delivered counts consumer calls, retries included.
+	Delivered uint64
+	// Succeeded counts consumer calls that returned nil.
+	Succeeded uint64
+	// Failed counts consumer calls that returned an error or panicked.
+	Failed uint64
+	// Retried counts failed calls that were scheduled for another attempt.
+	Retried uint64
+	// DeadLettered counts messages published to the dead-letter exchange.
+	DeadLettered uint64
+	// Expired counts messages whose TTL passed before a consumer got them
+	// (then dead-lettered or dropped).
+	Expired uint64
+	// Overflowed counts messages that DropHead evicted (then dead-lettered or
+	// dropped).
+	Overflowed uint64
+	// Rejected counts publishes refused because the queue was full
+	// (RejectPublish; dead letters refused by a full queue of any kind).
+	Rejected uint64
+	// Dropped counts dead messages with no dead-letter exchange, or one that
+	// could not route them. Each was logged.
+	Dropped uint64
+	// Undelivered counts messages that a Shutdown deadline, or a Stop before
+	// Start, kept from a consumer. They were logged.
+	Undelivered uint64
+
+	// ConsumerTime summarizes how long the consumer took, from a sample of
+	// the calls (every call when the queue is not busy).
+	ConsumerTime DurationStats
+}
+
+// DurationStats summarizes sampled durations. The quantiles are upper bounds
+// read from power-of-two buckets: within a factor of 2 of the true value.
+type DurationStats struct {
+	Samples       uint64
+	Mean          time.Duration
+	P50, P90, P99 time.Duration
+	Max           time.Duration
+}
+
+// Stats returns a snapshot of every exchange's and queue's counters. It takes
+// each queue's lock briefly, one at a time, so it is cheap enough to call every
+// second and does not stop publishers; the numbers of different queues are
+// not taken at one instant. It works in every state, after Stop included.
+func (m *MQ) Stats() Stats {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	s := Stats{
+		Exchanges: make(map[string]ExchangeStats, len(m.exchanges)),
+		Queues:    make(map[string]QueueStats, len(m.order)),
+	}
+	for name, ex := range m.exchanges {
+		s.Exchanges[name] = ExchangeStats{Kind: ex.kind, Published: ex.seq.Load(), Unroutable: ex.unroutable.Load()}
+	}
+	for _, q := range m.order {
+		s.Queues[q.name] = q.stats()
+	}
+	return s
+}
+
+func (q *queue) stats() QueueStats {
+	q.mu.Lock()
+	qs := QueueStats{Ready: q.buf.n, Scheduled: q.scheduled, Accepted: q.accepted}
+	q.mu.Unlock()
+	qs.Depth = qs.Ready + qs.Scheduled
+	qs.InFlight = int(q.inFlight())
+	c := &q.c
+	qs.Delivered, qs.Succeeded, qs.Failed = c.delivered.Load(), c.succeeded.Load(), c.failed.Load()
+	qs.Retried, qs.DeadLettered, qs.Expired = c.retried.Load(), c.deadLettered.Load(), c.expired.Load()
+	qs.Overflowed, qs.Rejected, qs.Dropped = c.overflowed.Load(), c.rejected.Load(), c.dropped.Load()
+	qs.Undelivered = c.undelivered.Load()
+	qs.ConsumerTime = q.hist.snapshot()
+	return qs
+}
+
+// histogram counts durations in power-of-two buckets of nanoseconds: bucket i
+// holds durations below 2^(i+minShift), the last one everything longer.
+type histogram struct {
+	buckets [histBuckets]atomic.Uint64
+	count   atomic.Uint64
+	sum     atomic.Uint64
+	max     atomic.Int64
+}
+
+const (
+	minShift    = 10 // bucket 0: under 1.024µs
+	histBuckets = 32 // bucket 31: 36 minutes and more
+)
+
+func (h *histogram) observe(d time.Duration) {
+	if d < 0 {
+		d = 0
+	}
+	i := min(bits.Len64(uint64(d)>>minShift), histBuckets-1)
+	h.buckets[i].Add(1)
+	h.count.Add(1)
+	h.sum.Add(uint64(d))
+	for cur := h.max.Load(); int64(d) > cur && !h.max.CompareAndSwap(cur, int64(d)); cur = h.max.Load() {
+	}
+}
+
+func (h *histogram) snapshot() DurationStats {
+	var counts [histBuckets]uint64
+	var total uint64
+	for i := range counts {
+		counts[i] = h.buckets[i].Load()
+		total += counts[i]
+	}
+	ds := DurationStats{Samples: total, Max: time.Duration(h.max.Load())}
+	if total == 0 {
+		return ds
+	}
+	ds.Mean = time.Duration(h.sum.Load() / max(h.count.Load(), 1))
+	quantile := func(p float64) time.Duration {
+		target := uint64(p*float64(total) + 0.5)
+		var cum uint64
+		for i, c := range counts {
+			cum += c
+			if cum >= max(target, 1) {
+				return min(time.Duration(1)<<(i+minShift), ds.Max)
+			}
+		}
+		return ds.Max
+	}
+	ds.P50, ds.P90, ds.P99 = quantile(0.50), quantile(0.90), quantile(0.99)
+	return ds
+}
