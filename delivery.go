@@ -20,7 +20,7 @@ type RetryPolicy struct {
 	MaxAttempts int
 	// InitialBackoff is the wait before the second attempt. Default 100ms.
 	InitialBackoff time.Duration
-	// MaxBackoff caps the wait. Default 30s.
+	// MaxBackoff caps the wait. Default 30s, or InitialBackoff if longer.
 	MaxBackoff time.Duration
 	// Multiplier is how much each wait grows over the one before. Default 2;
 	// at least 1.
@@ -44,7 +44,7 @@ func (p RetryPolicy) normalize() (RetryPolicy, error) {
 		p.InitialBackoff = 100 * time.Millisecond
 	}
 	if p.MaxBackoff == 0 {
-		p.MaxBackoff = 30 * time.Second
+		p.MaxBackoff = max(30*time.Second, p.InitialBackoff)
 	}
 	if p.MaxBackoff < p.InitialBackoff {
 		return p, fmt.Errorf("%w: MaxBackoff %v below InitialBackoff %v", ErrInvalidOption, p.MaxBackoff, p.InitialBackoff)
