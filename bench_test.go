@@ -12,9 +12,11 @@ import (
 
 // The end-to-end benchmarks publish b.N messages and stop the clock when every
 // queue has consumed every one of them. Each TinyMQ case has a twin, "chan",
-// that does the same work over plain buffered channels (one per queue, drained
-// by the same number of goroutines): the floor TinyMQ is measured against. The
-// twins run next to each other, so -count interleaves them in one run:
+// that does the same work over plain buffered channels of []byte (one per
+// queue, drained by the same number of goroutines): the floor TinyMQ is
+// measured against. A third, "chanmsg", sends a newly allocated *Msg per
+// queue instead, to show what the one allocation per queue costs by itself.
+// They run next to each other, so -count interleaves them in one run:
 //
 //	go test -run '^$' -bench PublishDeliver -count 10 | tee new.txt
 //	benchstat -col /impl new.txt
@@ -103,12 +105,53 @@ func (p *chanPipeline) close() {
 	p.wg.Wait()
 }
 
+// msgChanPipeline is chanPipeline with one allocated message per queue per
+// publish, as TinyMQ hands each queue its own Msg: it shows what that
+// allocation alone costs a channel.
+type msgChanPipeline struct {
+	chans []chan *tinymq.Msg
+	wg    sync.WaitGroup
+}
+
+func newMsgChanPipeline(_ *testing.B, queues, concurrency int, d *done) pipeline {
+	p := &msgChanPipeline{}
+	for range queues {
+		ch := make(chan *tinymq.Msg, 1024)
+		p.chans = append(p.chans, ch)
+		for range concurrency {
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				for range ch {
+					d.one()
+				}
+			}()
+		}
+	}
+	return p
+}
+
+func (p *msgChanPipeline) publish(data []byte) {
+	v := any(data) // boxed once per publish, as Publish's data is
+	for _, ch := range p.chans {
+		ch <- &tinymq.Msg{Exchange: "bench", Data: v}
+	}
+}
+
+func (p *msgChanPipeline) close() {
+	for _, ch := range p.chans {
+		close(ch)
+	}
+	p.wg.Wait()
+}
+
 var impls = []struct {
 	name string
 	new  func(b *testing.B, queues, concurrency int, d *done) pipeline
 }{
 	{"tinymq", newMQPipeline},
 	{"chan", newChanPipeline},
+	{"chanmsg", newMsgChanPipeline},
 }
 
 // BenchmarkPublishDeliver measures publish -> consume throughput. ns/op is per
