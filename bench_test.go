@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tinymq/tinymq"
 )
@@ -260,4 +261,64 @@ func BenchmarkStartStop(b *testing.B) {
 		}
 		m.Stop()
 	}
+}
+
+// BenchmarkStatsPolling runs the 1-queue publish -> deliver workload with and
+// without a goroutine calling Stats every millisecond (a thousand times more
+// often than a metrics scraper would): the counters are always on, and
+// reading them must not slow the hot path.
+func BenchmarkStatsPolling(b *testing.B) {
+	for _, poll := range []bool{false, true} {
+		b.Run(fmt.Sprintf("poll=%v", poll), func(b *testing.B) {
+			d := newDone(int64(b.N))
+			p := newMQPipeline(b, 1, 1, d).(mqPipeline)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			if poll {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tick := time.NewTicker(time.Millisecond)
+					defer tick.Stop()
+					for {
+						select {
+						case <-tick.C:
+							_ = p.m.Stats()
+						case <-stop:
+							return
+						}
+					}
+				}()
+			}
+			data := make([]byte, 64)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				p.publish(data)
+			}
+			<-d.all
+			b.StopTimer()
+			close(stop)
+			wg.Wait()
+			p.close()
+		})
+	}
+}
+
+// BenchmarkStats measures one Stats call on an MQ with 10 exchanges of 2
+// queues each.
+func BenchmarkStats(b *testing.B) {
+	m := tinymq.New()
+	nop := func(context.Context, *tinymq.Msg) error { return nil }
+	for i := range 20 {
+		if err := m.RegisterQueue(fmt.Sprintf("ex%d", i/2), tinymq.Fanout, nop, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for range b.N {
+		_ = m.Stats()
+	}
+	b.StopTimer()
+	m.Stop()
 }

@@ -29,6 +29,8 @@ func TestHandlerIsTyped(t *testing.T) {
 	require.NoError(t, m.Publish("users", UserCreated{ID: 7, Email: "a@b.c"}))
 	require.NoError(t, m.Publish("users", "not a user"))
 	m.Stop()
+	require.Len(t, got, 1)
+	require.Len(t, dead, 1)
 	assert.Equal(t, UserCreated{ID: 7, Email: "a@b.c"}, <-got)
 	d := <-dead
 	assert.Equal(t, "not a user", d.Data)

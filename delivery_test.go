@@ -49,6 +49,7 @@ func TestRetryBackoffIsExponentialCappedAndDeadLetters(t *testing.T) {
 		require.NoError(t, m.Start(context.Background()))
 		require.NoError(t, m.Publish("ev", "hello", tinymq.WithRoutingKey("user.created")))
 		m.Stop() // waits for every retry and the dead letter
+		require.Len(t, dead, 1)
 
 		assert.Equal(t, []time.Duration{0, 100 * time.Millisecond, 300 * time.Millisecond, 550 * time.Millisecond}, at,
 			"backoff 100ms, then 200ms, then capped at 250ms")
@@ -152,6 +153,7 @@ func TestPermanentErrorsAndPanics(t *testing.T) {
 		require.NoError(t, m.Publish("ev", "permanent"))
 		require.NoError(t, m.Publish("ev", "panic"))
 		m.Stop()
+		require.Len(t, dead, 2)
 		count := func(k string) int32 { v, _ := calls.Load(k); return v.(*atomic.Int32).Load() }
 		assert.Equal(t, int32(1), count("permanent"), "a permanent error skips the retries")
 		assert.Equal(t, int32(3), count("panic"), "a panic is retried like an error")
@@ -229,6 +231,7 @@ func TestTTLExpiredMessagesNeverReachTheConsumer(t *testing.T) {
 		require.NoError(t, m.Publish("ev", "fresh"))                                               // expires at 2.5s; delivered at 2s
 		m.Stop()
 		assert.Equal(t, []any{"slow", "fresh"}, got)
+		require.Len(t, dead, 3)
 		var expired []any
 		for range 3 {
 			d := <-dead
@@ -292,11 +295,13 @@ func TestMaxLenDropHeadDeadLettersTheOldest(t *testing.T) {
 	assert.Equal(t, uint64(2), st.Overflowed)
 	require.NoError(t, m.Start(context.Background()))
 	m.Stop()
+	require.Len(t, got, 3)
 	var kept []any
 	for range 3 {
 		kept = append(kept, (<-got).Data)
 	}
 	assert.Equal(t, []any{3, 4, 5}, kept)
+	require.Len(t, dead, 2)
 	for _, want := range []int{1, 2} {
 		d := <-dead
 		assert.Equal(t, want, d.Data)
