@@ -1,6 +1,7 @@
 package tinymq
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -72,4 +73,33 @@ func FuzzTopicMatch(f *testing.F) {
 			t.Fatalf("patterns %q, key %q: trie matched queues %v, reference %v", ps, key, got, want)
 		}
 	})
+}
+
+// BenchmarkTopicMatch measures routing alone, through a trie of 10 and of
+// 10,000 bindings ("device.<i>.*", plus a few wildcard bindings that every
+// key must also be tried against): the cost should not grow with bindings that
+// cannot match.
+func BenchmarkTopicMatch(b *testing.B) {
+	for _, n := range []int{10, 10_000} {
+		b.Run(fmt.Sprintf("bindings=%d", n), func(b *testing.B) {
+			var trie topicTrie
+			for i := range n {
+				trie.add(fmt.Sprintf("device.%d.*", i), &queue{id: i})
+			}
+			trie.add("#.alert", &queue{id: n})
+			trie.add("device.*.humidity", &queue{id: n + 1})
+			keys := make([]string, 1024)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("device.%d.temperature", (i*7919)%n)
+			}
+			var dst [8]*queue
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if len(trie.match(keys[i%len(keys)], dst[:0])) != 1 {
+					b.Fatal("want exactly one match")
+				}
+			}
+		})
+	}
 }
