@@ -70,6 +70,32 @@ func (p mqPipeline) publish(data []byte) {
 
 func (p mqPipeline) close() { p.m.Stop() }
 
+// consumeAll starts concurrency goroutines per queue, each draining that
+// queue's channel and counting into d, and returns the channels.
+func consumeAll[T any](queues, concurrency int, d *done, wg *sync.WaitGroup) []chan T {
+	chans := make([]chan T, queues)
+	for i := range chans {
+		chans[i] = make(chan T, 1024)
+		for range concurrency {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range chans[i] {
+					d.one()
+				}
+			}()
+		}
+	}
+	return chans
+}
+
+func closeAll[T any](chans []chan T, wg *sync.WaitGroup) {
+	for _, ch := range chans {
+		close(ch)
+	}
+	wg.Wait()
+}
+
 type chanPipeline struct {
 	chans []chan []byte
 	wg    sync.WaitGroup
@@ -77,19 +103,7 @@ type chanPipeline struct {
 
 func newChanPipeline(_ *testing.B, queues, concurrency int, d *done) pipeline {
 	p := &chanPipeline{}
-	for range queues {
-		ch := make(chan []byte, 1024)
-		p.chans = append(p.chans, ch)
-		for range concurrency {
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				for range ch {
-					d.one()
-				}
-			}()
-		}
-	}
+	p.chans = consumeAll[[]byte](queues, concurrency, d, &p.wg)
 	return p
 }
 
@@ -99,12 +113,7 @@ func (p *chanPipeline) publish(data []byte) {
 	}
 }
 
-func (p *chanPipeline) close() {
-	for _, ch := range p.chans {
-		close(ch)
-	}
-	p.wg.Wait()
-}
+func (p *chanPipeline) close() { closeAll(p.chans, &p.wg) }
 
 // msgChanPipeline is chanPipeline with one allocated message per queue per
 // publish, as TinyMQ hands each queue its own Msg: it shows what that
@@ -116,19 +125,7 @@ type msgChanPipeline struct {
 
 func newMsgChanPipeline(_ *testing.B, queues, concurrency int, d *done) pipeline {
 	p := &msgChanPipeline{}
-	for range queues {
-		ch := make(chan *tinymq.Msg, 1024)
-		p.chans = append(p.chans, ch)
-		for range concurrency {
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				for range ch {
-					d.one()
-				}
-			}()
-		}
-	}
+	p.chans = consumeAll[*tinymq.Msg](queues, concurrency, d, &p.wg)
 	return p
 }
 
@@ -139,12 +136,7 @@ func (p *msgChanPipeline) publish(data []byte) {
 	}
 }
 
-func (p *msgChanPipeline) close() {
-	for _, ch := range p.chans {
-		close(ch)
-	}
-	p.wg.Wait()
-}
+func (p *msgChanPipeline) close() { closeAll(p.chans, &p.wg) }
 
 var impls = []struct {
 	name string

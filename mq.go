@@ -143,17 +143,23 @@ func WithFilter(keep func(*Msg) bool) QueueOption {
 	})
 }
 
-func queueOptions(opts []QueueOption) (queueConfig, error) {
+// bindingOptions applies opts and validates the binding they ask of an
+// exchange of the given kind.
+func bindingOptions(kind ExchangeType, opts []QueueOption) (queueConfig, []headersBinding, error) {
 	var c queueConfig
 	for _, o := range opts {
 		if o == nil {
-			return c, fmt.Errorf("%w: nil QueueOption", ErrInvalidOption)
+			return c, nil, fmt.Errorf("%w: nil QueueOption", ErrInvalidOption)
 		}
 		if err := o.applyQueue(&c); err != nil {
-			return c, err
+			return c, nil, err
 		}
 	}
-	return c, nil
+	if !kind.valid() {
+		return c, nil, fmt.Errorf("%w: %d", ErrInvalidKind, uint8(kind))
+	}
+	hbs, err := checkBinding(kind, c.binding)
+	return c, hbs, err
 }
 
 // DeclareExchange declares an exchange of the given kind, so that it can take
@@ -220,14 +226,7 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 	if concurrency < 1 {
 		return fmt.Errorf("%w: got %d", ErrInvalidConcurrency, concurrency)
 	}
-	cfg, err := queueOptions(opts)
-	if err != nil {
-		return err
-	}
-	if !kind.valid() {
-		return fmt.Errorf("%w: %d", ErrInvalidKind, uint8(kind))
-	}
-	hbs, err := checkBinding(kind, cfg.binding)
+	cfg, hbs, err := bindingOptions(kind, opts)
 	if err != nil {
 		return err
 	}
@@ -266,19 +265,12 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 // RegisterQueue. It does not block on consumers; after Stop it returns
 // [ErrStopped].
 func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...QueueOption) error {
-	cfg, err := queueOptions(opts)
+	cfg, hbs, err := bindingOptions(kind, opts)
 	if err != nil {
 		return err
 	}
 	if cfg.queueOnly {
 		return fmt.Errorf("%w: Bind takes only WithBindingKey and WithBindingArgs", ErrInvalidOption)
-	}
-	if !kind.valid() {
-		return fmt.Errorf("%w: %d", ErrInvalidKind, uint8(kind))
-	}
-	hbs, err := checkBinding(kind, cfg.binding)
-	if err != nil {
-		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -73,8 +73,14 @@ type chanPipeline struct {
 
 func chanFanout(subs, buffer int, h Handler) (Pipeline, error) {
 	p := &chanPipeline{}
-	for i := range subs {
-		ch := make(chan []byte, max(buffer, 1024))
+	p.start(subs, max(buffer, 1024), h)
+	return p, nil
+}
+
+// start adds n subscribers, each draining its own channel into h.
+func (p *chanPipeline) start(n, buffer int, h Handler) {
+	for i := range n {
+		ch := make(chan []byte, buffer)
 		p.chans = append(p.chans, ch)
 		p.wg.Add(1)
 		go func() {
@@ -84,7 +90,6 @@ func chanFanout(subs, buffer int, h Handler) (Pipeline, error) {
 			}
 		}()
 	}
-	return p, nil
 }
 
 func (p *chanPipeline) Publish(b []byte) error {
@@ -110,17 +115,9 @@ type chanTopicPipeline struct {
 
 func chanTopic(bindings int, h Handler) (KeyedPipeline, error) {
 	p := &chanTopicPipeline{byKey: make(map[string]chan []byte, bindings)}
-	for i := range bindings {
-		ch := make(chan []byte, 1024)
-		p.chans = append(p.chans, ch)
+	p.start(bindings, 1024, h)
+	for i, ch := range p.chans {
 		p.byKey["device."+strconv.Itoa(i)+".temperature"] = ch
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			for b := range ch {
-				h(i, b)
-			}
-		}()
 	}
 	return p, nil
 }
