@@ -144,8 +144,9 @@ func WithFilter(keep func(*Msg) bool) QueueOption {
 }
 
 // bindingOptions applies opts and validates the binding they ask of an
-// exchange of the given kind.
-func bindingOptions(kind ExchangeType, opts []QueueOption) (queueConfig, []headersBinding, error) {
+// exchange of the given kind. bindOnly refuses options that configure the
+// queue rather than the binding.
+func bindingOptions(kind ExchangeType, opts []QueueOption, bindOnly bool) (queueConfig, []headersBinding, error) {
 	var c queueConfig
 	for _, o := range opts {
 		if o == nil {
@@ -154,6 +155,9 @@ func bindingOptions(kind ExchangeType, opts []QueueOption) (queueConfig, []heade
 		if err := o.applyQueue(&c); err != nil {
 			return c, nil, err
 		}
+	}
+	if bindOnly && c.queueOnly {
+		return c, nil, fmt.Errorf("%w: Bind takes only WithBindingKey and WithBindingArgs", ErrInvalidOption)
 	}
 	if !kind.valid() {
 		return c, nil, fmt.Errorf("%w: %d", ErrInvalidKind, uint8(kind))
@@ -226,7 +230,7 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 	if concurrency < 1 {
 		return fmt.Errorf("%w: got %d", ErrInvalidConcurrency, concurrency)
 	}
-	cfg, hbs, err := bindingOptions(kind, opts)
+	cfg, hbs, err := bindingOptions(kind, opts, false)
 	if err != nil {
 		return err
 	}
@@ -265,12 +269,9 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 // RegisterQueue. It does not block on consumers; after Stop it returns
 // [ErrStopped].
 func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...QueueOption) error {
-	cfg, hbs, err := bindingOptions(kind, opts)
+	cfg, hbs, err := bindingOptions(kind, opts, true)
 	if err != nil {
 		return err
-	}
-	if cfg.queueOnly {
-		return fmt.Errorf("%w: Bind takes only WithBindingKey and WithBindingArgs", ErrInvalidOption)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
