@@ -595,3 +595,25 @@ func TestStressEveryAcceptedMessageEndsOnce(t *testing.T) {
 	}
 	assert.Equal(t, s.Queues["a"].DeadLettered+s.Queues["b"].DeadLettered+s.Queues["c"].DeadLettered, s.Queues["dead"].Succeeded)
 }
+
+func TestRetryDeliversACopy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var seen []*tinymq.Msg
+		m := tinymq.New()
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			seen = append(seen, msg) // kept after returning, as a consumer may
+			if msg.Attempt == 1 {
+				return errors.New("once")
+			}
+			return nil
+		}, 1, tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2})))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", "x"))
+		m.Stop()
+		require.Len(t, seen, 2)
+		assert.NotSame(t, seen[0], seen[1])
+		assert.Equal(t, 1, seen[0].Attempt, "the kept Msg did not change")
+		assert.Equal(t, 2, seen[1].Attempt)
+		assert.Equal(t, seen[0].ID, seen[1].ID)
+	})
+}

@@ -80,15 +80,15 @@ func fieldTag(v any) byte {
 }
 
 // validateValue reports an error for a value, or an element of one, that has no
-// AMQP field type.
-func validateValue(path string, v any) error {
+// AMQP field type. It allocates only to describe an error.
+func validateValue(v any) error {
 	switch fieldTag(v) {
 	case 0:
-		return fmt.Errorf("%s: %T has no AMQP field type", path, v)
+		return fmt.Errorf("%T has no AMQP field type", v)
 	case 'A':
 		for i, e := range v.([]any) {
-			if err := validateValue(fmt.Sprintf("%s[%d]", path, i), e); err != nil {
-				return err
+			if err := validateValue(e); err != nil {
+				return fmt.Errorf("[%d]: %w", i, err)
 			}
 		}
 	case 'F':
@@ -102,8 +102,8 @@ func validateTable(t map[string]any) error {
 		if len(k) > maxKeyLen {
 			return fmt.Errorf("key %.20q...: %w", k, ErrKeyTooLong)
 		}
-		if err := validateValue(fmt.Sprintf("%q", k), v); err != nil {
-			return err
+		if err := validateValue(v); err != nil {
+			return fmt.Errorf("%q: %w", k, err)
 		}
 	}
 	return nil

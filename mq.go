@@ -432,9 +432,19 @@ wait:
 	close(m.done)
 }
 
-// quiescent reports whether every queue is empty and idle, holding all their
-// locks at once (in id order) so that no message moves between them meanwhile.
+// quiescent reports whether every queue is empty and idle. A first pass looks
+// at one queue at a time and usually stops at the first busy one; only when
+// all looked idle does it check again holding all their locks at once (in id
+// order), so that no message moves between queues meanwhile.
 func quiescent(queues []*queue) bool {
+	for _, q := range queues {
+		q.mu.Lock()
+		idle := q.quiescentLocked()
+		q.mu.Unlock()
+		if !idle {
+			return false
+		}
+	}
 	for _, q := range queues {
 		q.mu.Lock()
 	}

@@ -374,9 +374,13 @@ func (q *queue) process(ctx context.Context, m *Msg) (err error) {
 	return q.consumer(ctx, m)
 }
 
-// retryLater schedules m for its next attempt after its backoff.
+// retryLater schedules m for its next attempt after its backoff. The retry
+// delivers a copy of m, as the consumer left it, so that a consumer that kept
+// m does not see it change.
 func (q *queue) retryLater(m *Msg, err error) {
 	backoff := q.retry.backoff(m.Attempt)
+	next := new(Msg)
+	*next = *m
 	q.mu.Lock()
 	if q.aborted {
 		q.mu.Unlock()
@@ -389,7 +393,7 @@ func (q *queue) retryLater(m *Msg, err error) {
 	q.mu.Unlock()
 	q.c.retried.Add(1)
 	q.logFailure(m, err, slog.LevelWarn, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
-	q.mq.sched.add(time.Now().Add(backoff), q, m)
+	q.mq.sched.add(time.Now().Add(backoff), q, next)
 }
 
 // deadLetter publishes m to the queue's dead-letter exchange, or drops it when
