@@ -110,6 +110,9 @@ type queue struct {
 	accepted  uint64        // messages published into the queue
 	entered   uint64        // entries into buf or the scheduler: accepted messages and retries
 
+	// The workers' counters below get a cache line of their own, away from
+	// the fields publishers write under mu.
+	_     [64]byte
 	begun atomic.Uint64 // entries that workers took out of buf; abortBit once aborted
 	c     queueCounters
 	hist  histogram
