@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/tinymq/tinymq"
 )
@@ -147,4 +148,79 @@ func ExampleWithAlternateExchange() {
 	fmt.Println(lines)
 	// Output:
 	// [created: created unrouted: refunded]
+}
+
+// Retries with backoff, then a dead-letter queue for what still fails.
+func ExampleWithRetry() {
+	m := tinymq.New()
+	_ = m.RegisterQueue("payments.dead", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+		d := msg.Deaths[0]
+		fmt.Printf("dead-lettered from %s after %d attempts: %s\n", d.Queue, d.Attempts, d.LastError)
+		return nil
+	}, 1)
+	_ = m.RegisterQueue("payments", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+		fmt.Println("attempt", msg.Attempt)
+		return errors.New("card declined")
+	}, 1,
+		tinymq.WithQueueName("charge"),
+		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond}),
+		tinymq.WithDeadLetter("payments.dead", ""))
+	_ = m.Start(context.Background())
+	_ = m.Publish("payments", "order-1")
+	m.Stop() // waits for the retries and the dead letter
+	// Output:
+	// attempt 1
+	// attempt 2
+	// attempt 3
+	// dead-lettered from charge after 3 attempts: card declined
+}
+
+// Handler gives a consumer its payload with its type.
+func ExampleHandler() {
+	m := tinymq.New()
+	_ = m.RegisterQueue("users", tinymq.Fanout, tinymq.Handler(func(ctx context.Context, u UserCreated) error {
+		fmt.Println("welcome", u.Email)
+		return nil
+	}), 1)
+	_ = m.Start(context.Background())
+	_ = m.Publish("users", UserCreated{ID: 1, Email: "ada@example.com"})
+	m.Stop()
+	// Output:
+	// welcome ada@example.com
+}
+
+// Stats counts what every queue did.
+func ExampleMQ_Stats() {
+	m := tinymq.New()
+	_ = m.RegisterQueue("jobs", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+		if msg.Data.(int)%2 == 1 {
+			return errors.New("odd")
+		}
+		return nil
+	}, 2, tinymq.WithQueueName("workers"))
+	_ = m.Start(context.Background())
+	for i := range 10 {
+		_ = m.Publish("jobs", i)
+	}
+	m.Stop()
+	q := m.Stats().Queues["workers"]
+	fmt.Printf("accepted %d, succeeded %d, failed %d, dropped %d, depth %d\n",
+		q.Accepted, q.Succeeded, q.Failed, q.Dropped, q.Depth)
+	// Output:
+	// accepted 10, succeeded 5, failed 5, dropped 5, depth 0
+}
+
+// Delayed messages become visible after their delay; Stop waits for them.
+func ExampleWithDelay() {
+	m := tinymq.New()
+	start := time.Now()
+	_ = m.RegisterQueue("reminders", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+		fmt.Println(msg.Data, "after at least 20ms:", time.Since(start) >= 20*time.Millisecond)
+		return nil
+	}, 1)
+	_ = m.Start(context.Background())
+	_ = m.Publish("reminders", "renew your plan", tinymq.WithDelay(20*time.Millisecond))
+	m.Stop()
+	// Output:
+	// renew your plan after at least 20ms: true
 }
