@@ -284,6 +284,7 @@ func TestPanicAndErrorAreRecoveredPerMessageAndLogged(t *testing.T) {
 	assert.Equal(t, "ev", recs[0]["exchange"])
 	assert.Equal(t, "email", recs[0]["queue"])
 	assert.Equal(t, float64(2), recs[0]["msg_id"])
+	assert.Equal(t, float64(1), recs[0]["attempt"])
 	assert.Contains(t, recs[0]["err"], "boom")
 	assert.Contains(t, recs[0]["stack"], "TestPanicAndErrorAreRecoveredPerMessageAndLogged")
 	assert.Equal(t, float64(4), recs[1]["msg_id"])
