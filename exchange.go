@@ -236,6 +236,9 @@ func (m *MQ) Publish(exchange string, data any, opts ...PublishOption) error {
 // before Start is allowed: the message waits for Start. It is safe for
 // concurrent use.
 func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts ...PublishOption) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", ErrInvalidOption)
+	}
 	var pc publishConfig
 	if len(opts) > 0 {
 		if err := pc.apply(opts); err != nil {
@@ -274,15 +277,15 @@ func (m *MQ) publishDead(exchange string, data any, key string, headers map[stri
 type publishResult struct {
 	err     error
 	room    <-chan struct{}
-	evicted []evicted
+	evicted []eviction
 }
 
-type evicted struct {
+type eviction struct {
 	q *queue
 	m *Msg
 }
 
-func settleEvicted(evs []evicted) {
+func settleEvicted(evs []eviction) {
 	for _, e := range evs {
 		e.q.c.overflowed.Add(1)
 		e.q.deadLetter(e.m, ReasonMaxLen, nil)
@@ -407,7 +410,7 @@ func enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, 
 		msgs[i].ID = id
 		ev, w := q.enqueueLocked(msgs[i], now, pc.delay, pc.ttl)
 		if ev != nil {
-			res.evicted = append(res.evicted, evicted{q, ev})
+			res.evicted = append(res.evicted, eviction{q, ev})
 		}
 		wake = append(wake, w)
 	}
@@ -424,7 +427,7 @@ func enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, 
 }
 
 // evictedSelf reports whether DropHead turned m away on arrival.
-func evictedSelf(evs []evicted, m *Msg) bool {
+func evictedSelf(evs []eviction, m *Msg) bool {
 	for _, e := range evs {
 		if e.m == m {
 			return true

@@ -518,6 +518,7 @@ func TestBadInputGetsSentinelErrors(t *testing.T) {
 		{"publish with no queue bound", m.Publish("empty", 1), tinymq.ErrNoRoute},
 		{"zero PublishOption", m.Publish("fan", 1, tinymq.PublishOption{}), tinymq.ErrInvalidOption},
 		{"nil context", m.Start(nilCtx), tinymq.ErrInvalidOption},
+		{"nil publish context", m.PublishContext(nilCtx, "fan", 1), tinymq.ErrInvalidOption},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -156,9 +156,10 @@ func (q *queue) freeRoomLocked() {
 
 // enqueueLocked accepts m, which the caller made visible at now (zero when the
 // queue has no TTL and m no delay). q.mu is held, the queue is open, and a
-// limit other than DropHead has room. It returns the message that DropHead
-// evicted, if any, whether a worker should be woken, and whether m waits in the
-// scheduler until due.
+// limit other than DropHead has room. A delayed m is only counted here: the
+// caller hands it to the scheduler after unlocking. It returns the message that
+// DropHead evicted (m itself when every message waits in the scheduler), if
+// any, and whether a parked worker should be woken.
 func (q *queue) enqueueLocked(m *Msg, now time.Time, delay, ttl time.Duration) (evicted *Msg, wake bool) {
 	if q.fullLocked() { // DropHead
 		if q.buf.n > 0 {
