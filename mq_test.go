@@ -543,3 +543,93 @@ func TestFailedRegistrationChangesNothing(t *testing.T) {
 	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, nop, 1))
 	m.Stop()
 }
+
+// TestConcurrentRegistrationPublishingAndStats runs registrations, Binds and
+// Stats calls while publishers are busy, for the race detector, and checks
+// that each queue gets every message published after it was registered.
+func TestConcurrentRegistrationPublishingAndStats(t *testing.T) {
+	m := started(t)
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout))
+	stop := make(chan struct{})
+	var started atomic.Int64 // publishes begun
+	var mu sync.Mutex
+	var okStarts []int64 // the start number of every accepted publish
+	progress := make(chan int64, 1)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n := started.Add(1)
+				if err := m.Publish("ev", 1); err != nil {
+					assert.ErrorIs(t, err, tinymq.ErrNoRoute)
+					continue
+				}
+				mu.Lock()
+				okStarts = append(okStarts, n)
+				mu.Unlock()
+				select {
+				case progress <- n:
+				default:
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_ = m.Stats()
+			}
+		}
+	}()
+	type reg struct {
+		name string
+		mark int64 // publishes numbered above this began after the queue was registered
+		got  atomic.Int64
+	}
+	regs := make([]*reg, 20)
+	for i := range regs {
+		r := &reg{name: fmt.Sprint("q", i)}
+		regs[i] = r
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			r.got.Add(1)
+			return nil
+		}, 1, tinymq.WithQueueName(r.name)))
+		r.mark = started.Load()
+		require.NoError(t, m.Bind(r.name, "other", tinymq.Direct, tinymq.WithBindingKey(r.name)))
+	}
+	// Let publishing go on past the last registration before stopping.
+	timeout := time.After(wait)
+	for n := int64(0); n <= regs[len(regs)-1].mark; {
+		select {
+		case n = <-progress:
+		case <-timeout:
+			t.Fatal("publishers made no progress")
+		}
+	}
+	close(stop)
+	wg.Wait()
+	m.Stop()
+	s := m.Stats()
+	for _, r := range regs {
+		var after int64
+		for _, n := range okStarts {
+			if n > r.mark {
+				after++
+			}
+		}
+		assert.Equal(t, s.Queues[r.name].Accepted, uint64(r.got.Load()), "queue %s delivered all it accepted", r.name)
+		assert.GreaterOrEqual(t, r.got.Load(), after, "queue %s got every message published after it was registered", r.name)
+	}
+}
