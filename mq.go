@@ -348,8 +348,12 @@ func (m *MQ) Stop() {
 // many accepted messages never reached a consumer. Workers still inside a
 // consumer then return when the consumer does; call Stop to wait for them.
 // Shutdown before Start drops what was published and returns an error
-// wrapping ErrUndelivered if that was anything.
+// wrapping ErrUndelivered if that was anything. A nil ctx is refused with
+// [ErrInvalidOption], and nothing stops.
 func (m *MQ) Shutdown(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", ErrInvalidOption)
+	}
 	m.stopOnce.Do(m.beginStop)
 	select {
 	case <-m.done:

@@ -519,6 +519,7 @@ func TestBadInputGetsSentinelErrors(t *testing.T) {
 		{"zero PublishOption", m.Publish("fan", 1, tinymq.PublishOption{}), tinymq.ErrInvalidOption},
 		{"nil context", m.Start(nilCtx), tinymq.ErrInvalidOption},
 		{"nil publish context", m.PublishContext(nilCtx, "fan", 1), tinymq.ErrInvalidOption},
+		{"nil shutdown context", m.Shutdown(nilCtx), tinymq.ErrInvalidOption},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
