@@ -39,7 +39,8 @@ type Msg struct {
 }
 
 // PublishOption configures one Publish call. Options are plain values, so
-// passing them allocates nothing.
+// passing them allocates nothing. Make them with the With functions; Publish
+// refuses the zero PublishOption with [ErrInvalidOption].
 type PublishOption struct {
 	kind    publishOptionKind
 	key     string
