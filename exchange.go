@@ -337,7 +337,9 @@ func (m *MQ) publishLocked(name string, data any, pc *publishConfig, deaths []De
 	return publishResult{err: fmt.Errorf("%w: exchange %q, routing key %q", ErrNoRoute, name, pc.routingKey)}
 }
 
-// enqueue accepts msgs[i] into dst[i], all or none.
+// enqueue accepts msgs[i] into dst[i], all or none. The one exception: a dead
+// letter published while Shutdown's deadline is aborting the queues may reach
+// some of them before it meets a closed one; it then counts as dropped.
 func enqueue(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, internal bool) publishResult {
 	timed := pc.delay > 0 || pc.ttl > 0
 	bounded := false

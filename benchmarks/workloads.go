@@ -73,7 +73,13 @@ func Throughput(sys System, subs, pubs, n int) (time.Duration, error) {
 		p.Close()
 		return 0, err
 	}
-	err = w.wait()
+	return finish(p, w, start, n)
+}
+
+// finish waits for every delivery, closes p, and returns the time per message
+// since start.
+func finish(p Pipeline, w *waiter, start time.Time, n int) (time.Duration, error) {
+	err := w.wait()
 	elapsed := time.Since(start)
 	p.Close()
 	return elapsed / time.Duration(n), err
@@ -105,10 +111,7 @@ func Topic(sys System, bindings, n int) (time.Duration, error) {
 			return 0, err
 		}
 	}
-	err = w.wait()
-	elapsed := time.Since(start)
-	p.Close()
-	return elapsed / time.Duration(n), err
+	return finish(p, w, start, n)
 }
 
 // Latencies are percentiles of end-to-end latency.
