@@ -366,8 +366,10 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	m.abortOnce.Do(func() {
-		m.cancel()
+		// Count first, then cancel: a cancelled consumer may return at once,
+		// and it was still in the consumer when the deadline passed.
 		m.abortCounts = m.abortAll("tinymq: shutdown deadline passed, messages not delivered")
+		m.cancel()
 		close(m.aborted)
 	})
 	return fmt.Errorf("%w: %d never reached a consumer, %d were in consumers: %w",

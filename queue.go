@@ -294,7 +294,13 @@ func (q *queue) abort() (undelivered, running uint64) {
 	q.mu.Unlock()
 	q.cond.Broadcast()
 	q.c.undelivered.Add(undelivered)
-	return undelivered, q.inFlight()
+	// Every begun delivery ends as exactly one of these; the rest are still
+	// in a consumer (or about to enter it).
+	settled := q.c.succeeded.Load() + q.c.failed.Load() + q.c.expired.Load()
+	if begun > settled {
+		running = begun - settled
+	}
+	return undelivered, running
 }
 
 // inFlight is how many messages are in the consumer now.
