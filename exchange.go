@@ -82,10 +82,12 @@ type exchange struct {
 	direct  map[string][]*queue // direct: binding key -> queues
 	topic   topicTrie           // topic
 	headers map[*queue][]headersBinding
+
+	proto *Msg // what plain entries share (see entry)
 }
 
 func newExchange(name string, kind ExchangeType, cfg exchangeConfig) *exchange {
-	e := &exchange{name: name, kind: kind, cfg: cfg}
+	e := &exchange{name: name, kind: kind, cfg: cfg, proto: &Msg{Exchange: name, shared: true}}
 	switch kind {
 	case Direct:
 		e.direct = make(map[string][]*queue)
@@ -305,12 +307,20 @@ func (m *MQ) publishLocked(name string, data any, pc *publishConfig, deaths []De
 	}
 	var qbuf [8]*queue
 	var mbuf [8]*Msg
+	// A plain message needs no Msg of its own until a worker delivers it.
+	plain := pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 && deaths == nil
 	// Follow alternate exchanges; a cycle ends after every exchange was tried.
 	for cur, hops := ex, 0; cur != nil && hops <= len(m.exchanges); hops++ {
 		dst := cur.route(pc.routingKey, pc.headers, qbuf[:0])
 		msgs := mbuf[:0]
 		n := 0
 		for _, q := range dst {
+			if plain && q.filter == nil && q.ttl == 0 && q.maxLen == 0 {
+				dst[n] = q
+				msgs = append(msgs, ex.proto)
+				n++
+				continue
+			}
 			msg := &Msg{Exchange: ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: data, Deaths: deaths}
 			if q.filter != nil {
 				keep, err := runFilter(q.filter, msg)
@@ -326,7 +336,7 @@ func (m *MQ) publishLocked(name string, data any, pc *publishConfig, deaths []De
 			n++
 		}
 		if n > 0 {
-			return enqueue(ex, dst[:n], msgs, pc, internal)
+			return enqueue(ex, dst[:n], msgs, data, pc, internal)
 		}
 		if cur.cfg.alternate == "" {
 			break
@@ -340,7 +350,7 @@ func (m *MQ) publishLocked(name string, data any, pc *publishConfig, deaths []De
 // enqueue accepts msgs[i] into dst[i], all or none. The one exception: a dead
 // letter published while Shutdown's deadline is aborting the queues may reach
 // some of them before it meets a closed one; it then counts as dropped.
-func enqueue(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, internal bool) publishResult {
+func enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, internal bool) publishResult {
 	timed := pc.delay > 0 || pc.ttl > 0
 	bounded := false
 	for _, q := range dst {
@@ -357,13 +367,13 @@ func enqueue(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, interna
 		// time will do.
 		id := ex.seq.Add(1)
 		for i, q := range dst {
-			msgs[i].ID = id
+			e := newEntry(msgs[i], id, data)
 			q.mu.Lock()
 			if q.closed {
 				q.mu.Unlock()
 				return publishResult{err: ErrStopped}
 			}
-			_, wake := q.enqueueLocked(msgs[i], now, 0, pc.ttl)
+			_, wake := q.enqueueLocked(e, now, 0, pc.ttl)
 			q.mu.Unlock()
 			if wake {
 				q.cond.Signal()
@@ -371,13 +381,13 @@ func enqueue(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, interna
 		}
 		return publishResult{}
 	}
-	return enqueueBounded(ex, dst, msgs, pc, now, internal)
+	return enqueueBounded(ex, dst, msgs, data, pc, now, internal)
 }
 
 // enqueueBounded is enqueue where a queue may refuse the message: it locks
 // every queue (in id order, the one order all multi-queue lockers use), checks
 // their limits, then stamps the ID and enqueues.
-func enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, now time.Time, internal bool) publishResult {
+func enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, now time.Time, internal bool) publishResult {
 	sortByID(dst, msgs)
 	for _, q := range dst {
 		q.mu.Lock()
@@ -409,8 +419,7 @@ func enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, 
 	var wbuf [8]bool
 	wake := wbuf[:0]
 	for i, q := range dst {
-		msgs[i].ID = id
-		ev, w := q.enqueueLocked(msgs[i], now, pc.delay, pc.ttl)
+		ev, w := q.enqueueLocked(newEntry(msgs[i], id, data), now, pc.delay, pc.ttl)
 		if ev != nil {
 			res.evicted = append(res.evicted, eviction{q, ev})
 		}
@@ -426,6 +435,17 @@ func enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, pc *publishConfig, 
 		}
 	}
 	return res
+}
+
+// newEntry is the entry for message m, stamped with id: m is its exchange's
+// prototype (a plain message: the entry carries id and data) or the queue's
+// own Msg, which gets the id.
+func newEntry(m *Msg, id uint64, data any) entry {
+	if m.shared {
+		return entry{m: m, id: id, data: data}
+	}
+	m.ID = id
+	return entry{m: m}
 }
 
 // evictedSelf reports whether DropHead turned m away on arrival.

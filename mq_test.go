@@ -137,6 +137,51 @@ func TestEveryQueueGetsItsOwnCopySharingData(t *testing.T) {
 	assert.Equal(t, "ev", ma.Exchange)
 }
 
+func TestConsumersMayKeepAndModifyTheirMsg(t *testing.T) {
+	// A queue with a length limit takes another publish path than one
+	// without: a fanout to both must hand each its own, complete Msg.
+	plain, bounded := make(chan *tinymq.Msg, 3), make(chan *tinymq.Msg, 3)
+	scribble := func(ch chan<- *tinymq.Msg) tinymq.ConsumerFunc {
+		return func(_ context.Context, msg *tinymq.Msg) error {
+			ch <- msg
+			msg.Exchange, msg.Queue, msg.ID, msg.Data = "scribbled", "scribbled", 0, nil
+			return nil
+		}
+	}
+	m := started(t)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, scribble(plain), 1, tinymq.WithQueueName("plain")))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, scribble(bounded), 1, tinymq.WithQueueName("bounded"),
+		tinymq.WithMaxLen(10, tinymq.RejectPublish)))
+	for i := range 3 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	m.Stop()
+	for _, ch := range []chan *tinymq.Msg{plain, bounded} {
+		msgs := recv(t, ch, 3)
+		for i, msg := range msgs {
+			assert.Equal(t, "scribbled", msg.Exchange, "what the consumer kept is its own")
+			for _, later := range msgs[i+1:] {
+				assert.NotSame(t, msg, later)
+			}
+		}
+	}
+	// The copies delivered after a consumer scribbled on its Msg are intact.
+	got := make(chan *tinymq.Msg, 6)
+	m2 := started(t)
+	require.NoError(t, m2.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+		got <- &tinymq.Msg{ID: msg.ID, Exchange: msg.Exchange, Queue: msg.Queue, Data: msg.Data}
+		msg.Exchange, msg.ID = "scribbled", 0
+		return nil
+	}, 1, tinymq.WithQueueName("q")))
+	for i := range 3 {
+		require.NoError(t, m2.Publish("ev", i))
+	}
+	m2.Stop()
+	for i, msg := range recv(t, got, 3) {
+		assert.Equal(t, tinymq.Msg{ID: uint64(i + 1), Exchange: "ev", Queue: "q", Data: i}, *msg)
+	}
+}
+
 func TestPublishNeverBlocksOnASlowQueue(t *testing.T) {
 	const n = 10_000
 	release := make(chan struct{})

@@ -36,6 +36,7 @@ type Msg struct {
 	Deaths []Death
 
 	expires int64 // UnixNano after which it is expired; 0: never
+	shared  bool  // an exchange's prototype for plain entries, never delivered
 }
 
 // PublishOption configures one Publish call. Options are plain values, so

@@ -21,59 +21,74 @@ const (
 	sampleEvery = 16
 )
 
-// chunkSize is how many messages one chunk of a fifo holds.
-const chunkSize = 128
+// chunkSize is how many entries one chunk of a fifo holds.
+const chunkSize = 64
 
-type chunk struct {
-	msgs [chunkSize]*Msg
-	next *chunk
+// entry is one message waiting in a queue. Most are plain: published with no
+// routing key, headers, TTL or delay to a queue with no filter or limit. Those
+// share their exchange's prototype Msg (m.shared), and the worker allocates
+// the consumer's Msg from m, id and data, so that Publish allocates nothing
+// per queue and a queued plain message costs 32 bytes. Any other entry owns m,
+// complete with its ID and Data, and the worker delivers m itself.
+type entry struct {
+	m    *Msg
+	id   uint64
+	data any
 }
 
-// fifo is an unbounded FIFO of messages: a list of fixed-size chunks, so that
+// msg returns the Msg to deliver for e, allocating it for a plain entry.
+func (e entry) msg(queue string) *Msg {
+	if !e.m.shared {
+		return e.m
+	}
+	return &Msg{ID: e.id, Exchange: e.m.Exchange, Queue: queue, Data: e.data}
+}
+
+type chunk struct {
+	entries [chunkSize]entry
+	next    *chunk
+}
+
+// fifo is an unbounded FIFO of entries: a list of fixed-size chunks, so that
 // neither push nor pop ever copies the buffer. Popped slots are cleared at once
-// and drained chunks are dropped, except one kept for reuse, so a queue that
-// drains gives its memory back.
+// and drained chunks go back to chunkPool, so a queue that drains keeps one
+// chunk (2 KiB) and the rest is collected unless another queue reuses it.
 type fifo struct {
 	head, tail *chunk
 	hi, ti     int // next pop in head, next push in tail
 	n          int
-	spare      *chunk
 }
 
-func (f *fifo) push(m *Msg) {
+// chunkPool holds drained chunks, every slot clear, for any queue to reuse:
+// a backlog that comes and goes does not allocate a chunk per 64 messages.
+var chunkPool = sync.Pool{New: func() any { return new(chunk) }}
+
+func (f *fifo) push(e entry) {
 	if f.tail == nil {
-		f.head = f.newChunk()
+		f.head = chunkPool.Get().(*chunk)
 		f.tail, f.hi, f.ti = f.head, 0, 0
 	} else if f.ti == chunkSize {
-		c := f.newChunk()
+		c := chunkPool.Get().(*chunk)
 		f.tail.next = c
 		f.tail, f.ti = c, 0
 	}
-	f.tail.msgs[f.ti] = m
+	f.tail.entries[f.ti] = e
 	f.ti++
 	f.n++
 }
 
-func (f *fifo) newChunk() *chunk {
-	if c := f.spare; c != nil {
-		f.spare = nil
-		return c
-	}
-	return new(chunk)
-}
-
-// pop appends the k oldest messages to dst; k <= f.n.
-func (f *fifo) pop(dst []*Msg, k int) []*Msg {
+// pop appends the k oldest entries to dst; k <= f.n.
+func (f *fifo) pop(dst []entry, k int) []entry {
 	for range k {
-		dst = append(dst, f.head.msgs[f.hi])
-		f.head.msgs[f.hi] = nil
+		dst = append(dst, f.head.entries[f.hi])
+		f.head.entries[f.hi] = entry{}
 		f.hi++
 		f.n--
 		if f.hi == chunkSize && f.head != f.tail {
 			old := f.head
 			f.head, f.hi = old.next, 0
 			old.next = nil
-			f.spare = old
+			chunkPool.Put(old)
 		}
 	}
 	if f.n == 0 { // head == tail: start the chunk over
@@ -154,22 +169,23 @@ func (q *queue) freeRoomLocked() {
 	}
 }
 
-// enqueueLocked accepts m, which the caller made visible at now (zero when the
-// queue has no TTL and m no delay). q.mu is held, the queue is open, and a
-// limit other than DropHead has room. A delayed m is only counted here: the
+// enqueueLocked accepts e, which the caller made visible at now (zero when the
+// queue has no TTL and e no delay). q.mu is held, the queue is open, and a
+// limit other than DropHead has room. A delayed e is only counted here: the
 // caller hands it to the scheduler after unlocking. It returns the message that
-// DropHead evicted (m itself when every message waits in the scheduler), if
-// any, and whether a parked worker should be woken.
-func (q *queue) enqueueLocked(m *Msg, now time.Time, delay, ttl time.Duration) (evicted *Msg, wake bool) {
+// DropHead evicted (e's own when every message waits in the scheduler), if
+// any, and whether a parked worker should be woken. An entry with a TTL or a
+// delay owns its Msg (plain entries have neither).
+func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) (evicted *Msg, wake bool) {
 	if q.fullLocked() { // DropHead
 		if q.buf.n > 0 {
-			var one [1]*Msg
-			evicted = q.buf.pop(one[:0], 1)[0]
+			var one [1]entry
+			evicted = q.buf.pop(one[:0], 1)[0].msg(q.name)
 			q.begun.Add(1) // it left buf without a worker
 		} else {
 			// Every message waits in the scheduler: the newcomer is the one to go.
 			q.accepted++
-			return m, false
+			return e.msg(q.name), false
 		}
 	}
 	q.accepted++
@@ -178,13 +194,13 @@ func (q *queue) enqueueLocked(m *Msg, now time.Time, delay, ttl time.Duration) (
 		ttl = q.ttl
 	}
 	if ttl > 0 {
-		m.expires = now.Add(delay + ttl).UnixNano()
+		e.m.expires = now.Add(delay + ttl).UnixNano()
 	}
 	if delay > 0 {
 		q.scheduled++
 		return evicted, false
 	}
-	q.buf.push(m)
+	q.buf.push(e)
 	wake = q.idle > 0
 	if wake {
 		q.idle--
@@ -195,7 +211,7 @@ func (q *queue) enqueueLocked(m *Msg, now time.Time, delay, ttl time.Duration) (
 // take waits for messages and appends up to a fair share of them (at most
 // maxBatch) to dst. held says the worker is done with its previous batch. It
 // reports false once the queue is closed and empty.
-func (q *queue) take(dst []*Msg, held bool) ([]*Msg, bool) {
+func (q *queue) take(dst []entry, held bool) ([]entry, bool) {
 	q.mu.Lock()
 	if held {
 		q.busy--
@@ -247,7 +263,7 @@ func (q *queue) release(m *Msg) {
 		q.mu.Unlock()
 		return
 	}
-	q.buf.push(m)
+	q.buf.push(entry{m: m})
 	wake := q.idle > 0
 	if wake {
 		q.idle--
@@ -322,7 +338,7 @@ func (q *queue) begin() bool {
 // or aborted. wg.Done is its join.
 func (q *queue) work(ctx context.Context, wg *sync.WaitGroup) {
 	defer wg.Done()
-	batch := make([]*Msg, 0, maxBatch)
+	batch := make([]entry, 0, maxBatch)
 	held := false
 	calls := 0
 	for {
@@ -332,13 +348,13 @@ func (q *queue) work(ctx context.Context, wg *sync.WaitGroup) {
 			return
 		}
 		held = true
-		for i, m := range batch {
-			batch[i] = nil
+		for i, e := range batch {
+			batch[i] = entry{}
 			if !q.begin() {
 				clear(batch[i:]) // aborted: abort counted the rest as undelivered
 				break
 			}
-			q.deliver(ctx, m, calls%sampleEvery == 0)
+			q.deliver(ctx, e.msg(q.name), calls%sampleEvery == 0)
 			calls++
 		}
 	}

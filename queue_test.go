@@ -8,13 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// chunks counts the chunks f holds, its spare included.
+// chunks counts the chunks f holds.
 func (f *fifo) chunks() int {
 	n := 0
 	for c := f.head; c != nil; c = c.next {
-		n++
-	}
-	if f.spare != nil {
 		n++
 	}
 	return n
@@ -24,14 +21,14 @@ func TestFIFOOrderAcrossChunks(t *testing.T) {
 	var f fifo
 	var want []*Msg
 	var next uint64
-	var got []*Msg
+	var got []entry
 	// Grow and drain through several chunk counts, popping odd batch sizes so
 	// pops cross chunk boundaries.
 	for round, n := range []int{5, 40, 3, 300, 17, 1000, 1, chunkSize, chunkSize + 1} {
 		for range n {
 			next++
 			m := &Msg{ID: next}
-			f.push(m)
+			f.push(entry{m: m})
 			want = append(want, m)
 		}
 		for f.n > round {
@@ -41,7 +38,7 @@ func TestFIFOOrderAcrossChunks(t *testing.T) {
 	got = f.pop(got, f.n)
 	require.Equal(t, len(want), len(got))
 	for i := range want {
-		require.Same(t, want[i], got[i], "position %d", i)
+		require.Same(t, want[i], got[i].m, "position %d", i)
 	}
 	assert.Zero(t, f.n)
 }
@@ -50,16 +47,16 @@ func TestFIFOGivesMemoryBackWhenDrained(t *testing.T) {
 	var f fifo
 	const n = 100_000
 	for i := range n {
-		f.push(&Msg{ID: uint64(i)})
+		f.push(entry{m: &Msg{ID: uint64(i)}, data: i})
 	}
 	require.GreaterOrEqual(t, f.chunks(), n/chunkSize)
-	var batch []*Msg
+	var batch []entry
 	for f.n > 0 {
 		batch = f.pop(batch[:0], min(f.n, maxBatch))
 	}
-	assert.LessOrEqual(t, f.chunks(), 2, "a drained fifo keeps one chunk and one spare")
-	for _, m := range f.head.msgs {
-		assert.Nil(t, m, "popped slots are cleared so messages can be collected")
+	assert.Equal(t, 1, f.chunks(), "a drained fifo keeps one chunk")
+	for _, e := range f.head.entries {
+		assert.Zero(t, e, "popped slots are cleared so messages can be collected")
 	}
 }
 
@@ -91,15 +88,15 @@ func TestQueueGivesMemoryBackAfterDraining(t *testing.T) {
 	<-drained
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	assert.LessOrEqual(t, q.buf.chunks(), 2, "memory is given back once the queue drains")
+	assert.Equal(t, 1, q.buf.chunks(), "memory is given back once the queue drains, but for one chunk")
 }
 
 func TestBatchIsAFairShare(t *testing.T) {
 	q := newQueue(0, "q", nil, 4, queueConfig{}, New())
 	for i := range 400 {
-		q.buf.push(&Msg{ID: uint64(i)})
+		q.buf.push(entry{m: &Msg{ID: uint64(i)}})
 	}
-	take := func() []*Msg {
+	take := func() []entry {
 		b, ok := q.take(nil, false)
 		require.True(t, ok)
 		return b
