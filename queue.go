@@ -310,13 +310,7 @@ func (q *queue) abort() (undelivered, running uint64) {
 	q.mu.Unlock()
 	q.cond.Broadcast()
 	q.c.undelivered.Add(undelivered)
-	// Every begun delivery ends as exactly one of these; the rest are still
-	// in a consumer (or about to enter it).
-	settled := q.c.succeeded.Load() + q.c.failed.Load() + q.c.expired.Load()
-	if begun > settled {
-		running = begun - settled
-	}
-	return undelivered, running
+	return undelivered, q.inFlight()
 }
 
 // inFlight is how many messages are in the consumer now.
