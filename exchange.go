@@ -315,7 +315,7 @@ func (m *MQ) publishLocked(name string, data any, pc *publishConfig, deaths []De
 		msgs := mbuf[:0]
 		n := 0
 		for _, q := range dst {
-			if plain && q.filter == nil && q.ttl == 0 && q.maxLen == 0 {
+			if plain && q.takesShared() {
 				dst[n] = q
 				msgs = append(msgs, ex.proto)
 				n++

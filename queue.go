@@ -36,6 +36,14 @@ type entry struct {
 	data any
 }
 
+// takesShared reports whether q may hold plain entries. A shared prototype is
+// never written, so the queue must not need one of its own: no filter (it sees
+// the Msg before enqueue), no TTL (enqueueLocked stamps expires on the Msg)
+// and no length limit (eviction dead-letters the Msg).
+func (q *queue) takesShared() bool {
+	return q.filter == nil && q.ttl == 0 && q.maxLen == 0
+}
+
 // msg returns the Msg to deliver for e, allocating it for a plain entry.
 func (e entry) msg(queue string) *Msg {
 	if !e.m.shared {
