@@ -28,18 +28,34 @@ type ConsumerFunc func(ctx context.Context, msg *Msg) error
 
 // Handler adapts a function of one payload type into a ConsumerFunc, so that
 // a queue of UserCreated events can be consumed by
-// func(ctx context.Context, e UserCreated) error. A message whose Data is not
-// a T fails with a [Permanent] error wrapping [ErrPayloadType], so it is
+// func(ctx context.Context, e UserCreated) error. A message whose Data is an
+// [Encoded] (a durable queue, a broker) is decoded into a T with its codec, so
+// the function gets the same T on every engine, before and after a restart.
+// A nil Data is the zero T when T is an interface type. A message whose Data
+// is not a T otherwise fails with a [Permanent] error wrapping [ErrPayloadType], so it is
 // dead-lettered without retries. Handler(nil) returns nil, which
 // RegisterQueue refuses.
 func Handler[T any](fn func(ctx context.Context, v T) error) ConsumerFunc {
 	if fn == nil {
 		return nil
 	}
+	// nil is a valid value of an interface type T, such as any or error.
+	nilOK := reflect.TypeFor[T]().Kind() == reflect.Interface
 	return func(ctx context.Context, msg *Msg) error {
 		v, ok := msg.Data.(T)
 		if !ok {
-			return Permanent(fmt.Errorf("%w: got %T, want %v", ErrPayloadType, msg.Data, reflect.TypeFor[T]()))
+			switch d := msg.Data.(type) {
+			case Encoded:
+				if err := d.Decode(&v); err != nil {
+					return Permanent(fmt.Errorf("%w, want %v", err, reflect.TypeFor[T]()))
+				}
+			case nil:
+				if !nilOK {
+					return Permanent(fmt.Errorf("%w: got nil, want %v", ErrPayloadType, reflect.TypeFor[T]()))
+				}
+			default:
+				return Permanent(fmt.Errorf("%w: got %T, want %v", ErrPayloadType, msg.Data, reflect.TypeFor[T]()))
+			}
 		}
 		return fn(ctx, v)
 	}

@@ -127,6 +127,12 @@ type Death struct {
 	RoutingKey string
 	// Attempts is how many times a consumer had been handed the message.
 	Attempts int
+	// Count is how many times the message died in this queue for this reason
+	// (RabbitMQ's x-death count): a message keeps one Death per queue and
+	// reason, which keeps the exchange and routing key of its first death.
+	Count int
+	// MessageID is the message's [Msg.ID] in the queue it died in.
+	MessageID uint64
 	// LastError is the text of the consumer's last error, if any.
 	LastError string
 	// Time is when it was dead-lettered.

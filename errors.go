@@ -76,6 +76,10 @@ var (
 	// wraps.
 	ErrPermanent = errors.New("tinymq: permanent failure")
 
+	// ErrUnsupported is returned by an MQ on an [Engine] for an option or call
+	// that the engine cannot honour; the error names the difference.
+	ErrUnsupported = errors.New("tinymq: not supported by this engine")
+
 	// ErrUndelivered is wrapped by the error of Shutdown (and logged by Stop) when
 	// accepted messages could not be handed to a consumer: the deadline expired, or
 	// the MQ was stopped before it was started.

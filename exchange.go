@@ -83,6 +83,8 @@ type exchange struct {
 	topic   topicTrie           // topic
 	headers map[*queue][]headersBinding
 
+	bindings []BindingInfo // as declared, for Topology
+
 	proto *Msg // what plain entries share (see entry)
 }
 
@@ -147,6 +149,7 @@ func checkBinding(kind ExchangeType, b binding) ([]headersBinding, error) {
 // bind adds q's bindings. The caller holds the MQ's write lock and has
 // validated the binding with checkBinding.
 func (e *exchange) bind(q *queue, b binding, hbs []headersBinding) {
+	e.bindings = append(e.bindings, BindingInfo{Queue: q.name, Keys: slices.Clone(b.keys), Args: slices.Clone(b.args)})
 	switch e.kind {
 	case Fanout:
 		if !slices.Contains(e.all, q) {
@@ -246,6 +249,9 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 		if err := pc.apply(opts); err != nil {
 			return err
 		}
+	}
+	if m.engine != nil {
+		return m.publishOnEngine(ctx, exchange, data, &pc)
 	}
 	for {
 		m.mu.RLock()
@@ -477,4 +483,20 @@ func runFilter(keep func(*Msg) bool, msg *Msg) (ok bool, err error) {
 		}
 	}()
 	return keep(msg), nil
+}
+
+// publishOnEngine is PublishContext on an engine. It holds the read lock so
+// that Stop, which takes the write lock, sees each publish completely or not
+// at all, as in memory.
+func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc *publishConfig) error {
+	if exchange == "" {
+		return fmt.Errorf("%w: exchange name", ErrEmptyName)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.state >= stateStopping {
+		return ErrStopped
+	}
+	return m.engine.Publish(ctx, Publishing{Exchange: exchange, RoutingKey: pc.routingKey, Headers: pc.headers,
+		Data: data, Expiration: pc.ttl, Delay: pc.delay})
 }

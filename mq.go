@@ -20,7 +20,9 @@ const (
 // MQ is a registry of exchanges and the queues bound to them. Create one with
 // [New]; all its methods are safe for concurrent use.
 type MQ struct {
-	log *slog.Logger
+	log    *slog.Logger
+	codec  Codec
+	engine Engine // nil: in memory
 
 	// mu guards everything below it. Publish holds the read lock while it routes
 	// and enqueues (which never blocks on a consumer); declaring, binding,
@@ -45,6 +47,8 @@ type MQ struct {
 	abortOnce   sync.Once
 	aborted     chan struct{} // closed when Shutdown's deadline passed
 	abortCounts [2]uint64     // undelivered, still in consumers
+
+	deadLetters deadLetterRing
 }
 
 // New returns an MQ with no exchanges. Publishing is possible at once; delivery
@@ -64,6 +68,12 @@ func New(opts ...Option) *MQ {
 		if o != nil {
 			o.applyMQ(m)
 		}
+	}
+	if m.codec == nil {
+		m.codec = JSONCodec{}
+	}
+	if m.engine != nil {
+		m.engine.Init(EngineConfig{Logger: m.log, Codec: m.codec})
 	}
 	return m
 }
@@ -185,6 +195,22 @@ func (m *MQ) DeclareExchange(name string, kind ExchangeType, opts ...ExchangeOpt
 	if m.state >= stateStopping {
 		return ErrStopped
 	}
+	if m.engine != nil {
+		if name == "" {
+			return fmt.Errorf("%w: exchange name", ErrEmptyName)
+		}
+		if !kind.valid() {
+			return fmt.Errorf("%w: %d", ErrInvalidKind, uint8(kind))
+		}
+		if ex := m.exchanges[name]; ex != nil && (ex.kind != kind || ex.cfg != cfg) {
+			return fmt.Errorf("%w: %q has another kind or other options", ErrExchangeMismatch, name)
+		}
+		if err := m.engine.DeclareExchange(ExchangeSpec{Name: name, Kind: kind, Alternate: cfg.alternate}); err != nil {
+			return err
+		}
+		_, err := m.declareLocked(name, kind, cfg, true)
+		return err
+	}
 	_, err := m.declareLocked(name, kind, cfg, true)
 	return err
 }
@@ -247,6 +273,9 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 	if m.queues[name] != nil {
 		return fmt.Errorf("%w: %q", ErrDuplicateQueue, name)
 	}
+	if m.engine != nil {
+		return m.registerOnEngine(exchange, kind, consumer, concurrency, name, cfg)
+	}
 	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false)
 	if err != nil {
 		return err
@@ -282,6 +311,20 @@ func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...QueueOption
 	if q == nil {
 		return fmt.Errorf("%w: %q", ErrUnknownQueue, queue)
 	}
+	if m.engine != nil {
+		if exchange == "" {
+			return fmt.Errorf("%w: exchange name", ErrEmptyName)
+		}
+		ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false)
+		if err != nil {
+			return err
+		}
+		if err := m.engine.Bind(BindingSpec{Queue: queue, Exchange: exchange, Kind: kind, Keys: cfg.binding.keys, Args: cfg.binding.args}); err != nil {
+			return err
+		}
+		ex.bind(q, cfg.binding, nil)
+		return nil
+	}
 	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false)
 	if err != nil {
 		return err
@@ -315,6 +358,14 @@ func (m *MQ) Start(ctx context.Context) error {
 		return ErrAlreadyStarted
 	case stateStopping:
 		return ErrStopped
+	}
+	if m.engine != nil {
+		if err := m.engine.Start(ctx); err != nil {
+			return err
+		}
+		m.state = stateRunning
+		m.stopAfter = context.AfterFunc(ctx, m.Stop)
+		return nil
 	}
 	m.ctx, m.cancel = context.WithCancel(ctx)
 	m.state = stateRunning
@@ -353,6 +404,17 @@ func (m *MQ) Stop() {
 func (m *MQ) Shutdown(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
+	}
+	if m.engine != nil {
+		m.stopOnce.Do(func() {
+			m.mu.Lock()
+			m.state = stateStopping
+			m.mu.Unlock()
+			if m.stopAfter != nil {
+				m.stopAfter()
+			}
+		})
+		return m.engine.Shutdown(ctx)
 	}
 	m.stopOnce.Do(m.beginStop)
 	select {
@@ -462,4 +524,41 @@ func quiescent(queues []*queue) bool {
 		q.mu.Unlock()
 	}
 	return ok
+}
+
+// registerOnEngine is RegisterQueue on an engine. The caller holds the write
+// lock, so the engine sees registrations one at a time and none after Stop
+// began; the queue is recorded, without workers, so that names stay unique
+// and Bind finds it.
+func (m *MQ) registerOnEngine(exchange string, kind ExchangeType, consumer ConsumerFunc, concurrency int, name string, cfg queueConfig) error {
+	if exchange == "" {
+		return fmt.Errorf("%w: exchange name", ErrEmptyName)
+	}
+	retry := cfg.retry
+	if retry.MaxAttempts == 0 {
+		retry.MaxAttempts = 1
+	}
+	spec := QueueSpec{
+		Name: name, Named: cfg.name != "",
+		Binding:     BindingSpec{Queue: name, Exchange: exchange, Kind: kind, Keys: cfg.binding.keys, Args: cfg.binding.args},
+		Consumer:    consumer,
+		Concurrency: concurrency,
+		Retry:       retry,
+		MessageTTL:  cfg.ttl,
+		MaxLen:      cfg.maxLen, Overflow: cfg.overflow,
+		DeadLetterExchange: cfg.dlx, DeadLetterKey: cfg.dlxKey,
+		Filter: cfg.filter,
+	}
+	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false) // validates the kind
+	if err != nil {
+		return err
+	}
+	if err := m.engine.DeclareQueue(spec); err != nil {
+		return err
+	}
+	q := newQueue(len(m.order), name, consumer, concurrency, cfg, m)
+	m.queues[name] = q
+	m.order = append(m.order, q)
+	ex.bind(q, cfg.binding, nil)
+	return nil
 }

@@ -34,6 +34,10 @@ type Msg struct {
 	// Deaths lists the times the message was dead-lettered, the latest first;
 	// empty unless it reached this queue through a dead-letter exchange.
 	Deaths []Death
+	// Redelivered is set when the message may already have been handed to a
+	// consumer before: by an earlier process of a durable queue, or by a
+	// broker (RabbitMQ's redelivered flag).
+	Redelivered bool
 
 	expires int64 // UnixNano after which it is expired; 0: never
 	shared  bool  // an exchange's prototype for plain entries, never delivered

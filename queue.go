@@ -450,6 +450,14 @@ func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
 		err = q.mq.publishDead(q.dlx, m.Data, key, m.Headers, deaths)
 	}
 	reasonAttr := slog.String("reason", string(reason))
+	death.MessageID = m.ID
+	rec := DeadLetter{Death: death}
+	if err == nil {
+		rec.DeadLetterExchange = q.dlx
+	} else {
+		rec.Dropped, rec.DropCause = true, err.Error()
+	}
+	q.mq.deadLetters.add(rec)
 	if err == nil {
 		q.c.deadLettered.Add(1)
 		q.logFailure(m, cause, slog.LevelWarn, "tinymq: message dead-lettered", reasonAttr,

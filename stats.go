@@ -82,6 +82,9 @@ type DurationStats struct {
 // second and does not stop publishers; the numbers of different queues are
 // not taken at one instant. It works in every state, after Stop included.
 func (m *MQ) Stats() Stats {
+	if m.engine != nil {
+		return m.engine.Stats()
+	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	s := Stats{

@@ -1,0 +1,72 @@
+package tinymq
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// Codec turns published Data into bytes and back, for messages that leave
+// memory: those of durable queues ([WithDurable]) and those of a broker engine
+// ([WithEngine]). Its methods may be called from many goroutines at once.
+// [JSONCodec] is the default; set another with [WithCodec].
+type Codec interface {
+	// Marshal encodes v.
+	Marshal(v any) ([]byte, error)
+	// Unmarshal decodes data into the value v points to.
+	Unmarshal(data []byte, v any) error
+	// ContentType names the encoding, as a MIME type ("application/json").
+	ContentType() string
+}
+
+// JSONCodec encodes with encoding/json. It is the default [Codec].
+type JSONCodec struct{}
+
+// Marshal encodes v as JSON.
+func (JSONCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+// Unmarshal decodes JSON data into v.
+func (JSONCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+// ContentType returns "application/json".
+func (JSONCodec) ContentType() string { return "application/json" }
+
+// WithCodec sets the codec of messages that leave memory (see [Codec]). A nil
+// codec, like the default, is [JSONCodec].
+func WithCodec(c Codec) Option {
+	return optionFunc(func(m *MQ) {
+		if c != nil {
+			m.codec = c
+		}
+	})
+}
+
+// Encoded is the Data of a message that was stored or sent in encoded form
+// (a durable queue or a broker engine), as an untyped consumer receives it:
+// the codec's bytes of the published value, and the codec to decode them
+// with. A [Handler] consumer never sees it: Handler decodes it into its type.
+// A consumer gets an Encoded on such a queue every time, before and after a
+// restart alike, so what it receives cannot depend on a crash.
+type Encoded struct {
+	// Body is what Codec.Marshal made of the published value.
+	Body []byte
+	// Codec decodes Body.
+	Codec Codec
+}
+
+// Decode decodes the payload into the value v points to. A nil Codec is
+// [JSONCodec]. Errors wrap [ErrPayloadType].
+func (e Encoded) Decode(v any) (err error) {
+	c := e.Codec
+	if c == nil {
+		c = JSONCodec{}
+	}
+	defer func() { // the codec is user code
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: codec panicked: %v", ErrPayloadType, r)
+		}
+	}()
+	if err := c.Unmarshal(e.Body, v); err != nil {
+		return fmt.Errorf("%w: decoding: %w", ErrPayloadType, err)
+	}
+	return nil
+}

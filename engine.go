@@ -1,0 +1,120 @@
+package tinymq
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Engine is the seam between an [MQ] and a backend other than the in-memory
+// one, such as a RabbitMQ broker (module github.com/tinymq/tinymq/amqp). An
+// MQ made with [WithEngine] keeps its own state machine (New, running,
+// stopping) and validates every argument and option exactly as the in-memory
+// MQ does, then hands the validated call to the engine; so an engine sees only
+// well-formed specs, in a legal order, and never after Shutdown began. An
+// engine that cannot honour an option returns an error wrapping
+// [ErrUnsupported] that names the difference.
+//
+// Without an engine the MQ runs in memory and none of this is used: the
+// in-memory path pays one nil check per call.
+//
+// The MQ calls Init once, from New, before any other method; every other
+// method may be called concurrently. Messages handed to a consumer must have
+// Data as [Encoded] (or the published value, when the engine has it) so that
+// [Handler] consumers work unchanged.
+type Engine interface {
+	// Init hands the engine the MQ's settings. It must not block or do I/O.
+	Init(cfg EngineConfig)
+	// DeclareExchange declares an exchange ([MQ.DeclareExchange]).
+	DeclareExchange(spec ExchangeSpec) error
+	// DeclareQueue declares the queue's exchange, the queue and its binding,
+	// and attaches its consumer ([MQ.RegisterQueue]). Consumption starts at
+	// Start, or at once when the MQ is running.
+	DeclareQueue(spec QueueSpec) error
+	// Bind binds an existing queue to another exchange ([MQ.Bind]).
+	Bind(spec BindingSpec) error
+	// Publish accepts one message ([MQ.PublishContext]): it returns nil only
+	// once the message is as safe as the engine promises (a broker's
+	// confirm), and waits at most until ctx ends.
+	Publish(ctx context.Context, p Publishing) error
+	// Start starts consuming; consumers get contexts derived from ctx.
+	Start(ctx context.Context) error
+	// Shutdown stops consuming and releases the engine's resources, waiting
+	// for in-flight consumers until ctx ends ([MQ.Shutdown]).
+	Shutdown(ctx context.Context) error
+	// Stats reports what the engine knows ([MQ.Stats]).
+	Stats() Stats
+}
+
+// EngineConfig is what an [Engine] gets from its MQ.
+type EngineConfig struct {
+	// Logger is the MQ's logger ([WithLogger]); never nil.
+	Logger *slog.Logger
+	// Codec encodes published Data ([WithCodec]); never nil.
+	Codec Codec
+}
+
+// ExchangeSpec describes a validated exchange declaration.
+type ExchangeSpec struct {
+	Name string
+	Kind ExchangeType
+	// Alternate is the alternate exchange ([WithAlternateExchange]), or "".
+	Alternate string
+}
+
+// BindingSpec describes a validated binding of a queue to an exchange.
+type BindingSpec struct {
+	Queue    string
+	Exchange string
+	Kind     ExchangeType
+	// Keys are the binding keys (direct and topic exchanges).
+	Keys []string
+	// Args are the binding arguments (headers exchanges), one map per
+	// binding; nil for other kinds.
+	Args []map[string]any
+}
+
+// QueueSpec describes a validated [MQ.RegisterQueue] call.
+type QueueSpec struct {
+	// Name is the queue's name; Named says whether [WithQueueName] gave it
+	// (otherwise the MQ made it up, as "exchange#3").
+	Name  string
+	Named bool
+	// Binding binds the queue to its exchange; Binding.Queue is Name.
+	Binding     BindingSpec
+	Consumer    ConsumerFunc
+	Concurrency int
+	// Retry is normalized; MaxAttempts is 1 when the queue has no retry policy.
+	Retry RetryPolicy
+	// MessageTTL is [WithMessageTTL], or 0.
+	MessageTTL time.Duration
+	// MaxLen and Overflow are [WithMaxLen], or 0.
+	MaxLen   int
+	Overflow Overflow
+	// DeadLetterExchange and DeadLetterKey are [WithDeadLetter], or "".
+	DeadLetterExchange string
+	DeadLetterKey      string
+	// Filter is [WithFilter], or nil.
+	Filter func(*Msg) bool
+}
+
+// Publishing describes a validated publish.
+type Publishing struct {
+	Exchange   string
+	RoutingKey string
+	Headers    map[string]any
+	Data       any
+	// Expiration is [WithExpiration], or 0; Delay is [WithDelay], or 0.
+	Expiration time.Duration
+	Delay      time.Duration
+}
+
+// WithEngine makes the MQ run on e instead of in memory. A nil e is ignored.
+// See [Engine].
+func WithEngine(e Engine) Option {
+	return optionFunc(func(m *MQ) {
+		if e != nil {
+			m.engine = e
+		}
+	})
+}

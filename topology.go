@@ -1,0 +1,120 @@
+package tinymq
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Topology describes an MQ's exchanges, queues and bindings, for tools such as
+// an admin page. It is a copy: changing it changes nothing in the MQ.
+type Topology struct {
+	// Exchanges are sorted by name.
+	Exchanges []ExchangeInfo
+	// Queues are in registration order.
+	Queues []QueueInfo
+}
+
+// ExchangeInfo describes one exchange.
+type ExchangeInfo struct {
+	Name string
+	Kind ExchangeType
+	// Alternate is the alternate exchange, or "".
+	Alternate string
+	// Bindings are in the order they were made.
+	Bindings []BindingInfo
+}
+
+// BindingInfo describes what one queue asked of one exchange in one
+// RegisterQueue or Bind call.
+type BindingInfo struct {
+	Queue string
+	// Keys are the binding keys (direct and topic exchanges).
+	Keys []string
+	// Args are the binding arguments (headers exchanges).
+	Args []map[string]any
+}
+
+// QueueInfo describes one queue's configuration.
+type QueueInfo struct {
+	Name        string
+	Concurrency int
+	// MaxAttempts is how many deliveries a message gets (1 without WithRetry).
+	MaxAttempts int
+	// MessageTTL is [WithMessageTTL], or 0.
+	MessageTTL time.Duration
+	// MaxLen and Overflow are [WithMaxLen], or 0.
+	MaxLen   int
+	Overflow Overflow
+	// DeadLetterExchange and DeadLetterKey are [WithDeadLetter], or "".
+	DeadLetterExchange string
+	DeadLetterKey      string
+	// Filtered says whether the queue has a [WithFilter].
+	Filtered bool
+}
+
+// Topology returns the MQ's exchanges, queues and bindings. It does not block
+// on consumers and works in every state, after Stop included. On an [Engine]
+// it describes what this MQ declared.
+func (m *MQ) Topology() Topology {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	var t Topology
+	for _, ex := range m.exchanges {
+		t.Exchanges = append(t.Exchanges, ExchangeInfo{Name: ex.name, Kind: ex.kind, Alternate: ex.cfg.alternate,
+			Bindings: slices.Clone(ex.bindings)})
+	}
+	slices.SortFunc(t.Exchanges, func(a, b ExchangeInfo) int { return strings.Compare(a.Name, b.Name) })
+	for _, q := range m.order {
+		t.Queues = append(t.Queues, QueueInfo{Name: q.name, Concurrency: q.concurrency, MaxAttempts: q.retry.MaxAttempts,
+			MessageTTL: q.ttl, MaxLen: q.maxLen, Overflow: q.overflow,
+			DeadLetterExchange: q.dlx, DeadLetterKey: q.dlxKey, Filtered: q.filter != nil})
+	}
+	return t
+}
+
+// DeadLetter records one message that died in a queue: dead-lettered, or
+// dropped for want of a dead-letter exchange that could take it.
+type DeadLetter struct {
+	Death
+	// DeadLetterExchange is where it was published, or "" when it was dropped.
+	DeadLetterExchange string
+	// Dropped says that it was dropped; DropCause says why.
+	Dropped   bool
+	DropCause string
+}
+
+// recentDeadLetters is how many dead letters [MQ.RecentDeadLetters] keeps.
+const recentDeadLetters = 64
+
+// deadLetterRing keeps the latest dead letters. Dead-lettering is rare, so
+// one mutex will do.
+type deadLetterRing struct {
+	mu   sync.Mutex
+	buf  [recentDeadLetters]DeadLetter
+	next int
+	n    int
+}
+
+func (r *deadLetterRing) add(d DeadLetter) {
+	r.mu.Lock()
+	r.buf[r.next] = d
+	r.next = (r.next + 1) % len(r.buf)
+	r.n = min(r.n+1, len(r.buf))
+	r.mu.Unlock()
+}
+
+// RecentDeadLetters returns the latest messages (at most 64) that died in any
+// queue, dead-lettered or dropped, the newest first. It does not block on
+// consumers and works in every state. An [Engine] keeps none.
+func (m *MQ) RecentDeadLetters() []DeadLetter {
+	r := &m.deadLetters
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]DeadLetter, 0, r.n)
+	for i := 1; i <= r.n; i++ {
+		out = append(out, r.buf[(r.next-i+len(r.buf))%len(r.buf)])
+	}
+	return out
+}
