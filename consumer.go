@@ -1,15 +1,13 @@
 package tinymq
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
+	"log/slog"
 	"reflect"
-	"strconv"
+	"runtime/debug"
+	"sync"
 	"time"
 )
 
@@ -61,93 +59,170 @@ func Handler[T any](fn func(ctx context.Context, v T) error) ConsumerFunc {
 	}
 }
 
-// HTTPOption configures an [HTTPConsumer].
-type HTTPOption interface {
-	applyHTTP(*httpConfig)
-}
-
-type httpConfig struct {
-	client  *http.Client
-	timeout time.Duration
-	header  http.Header
-}
-
-type httpOptionFunc func(*httpConfig)
-
-func (f httpOptionFunc) applyHTTP(c *httpConfig) { f(c) }
-
-// WithHTTPClient sets the client that posts; default [http.DefaultClient].
-func WithHTTPClient(c *http.Client) HTTPOption {
-	return httpOptionFunc(func(cfg *httpConfig) { cfg.client = c })
-}
-
-// WithHTTPTimeout bounds each request; default 10s.
-func WithHTTPTimeout(d time.Duration) HTTPOption {
-	return httpOptionFunc(func(cfg *httpConfig) { cfg.timeout = d })
-}
-
-// WithHTTPHeader adds a header to every request, such as an Authorization.
-func WithHTTPHeader(key, value string) HTTPOption {
-	return httpOptionFunc(func(cfg *httpConfig) { cfg.header.Add(key, value) })
-}
-
-// HTTPConsumer returns a consumer that POSTs each message to endpoint, as a
-// webhook: the body is msg.Data encoded as JSON (a [json.RawMessage] is sent
-// as it is), with Content-Type application/json and the headers
-// X-TinyMQ-Message-Id, X-TinyMQ-Exchange, X-TinyMQ-Queue, X-TinyMQ-Routing-Key
-// and X-TinyMQ-Attempt. A 2xx response is a success. Any other status, a
-// network error or a timeout is a failure, so the queue's retry policy
-// applies; a payload that cannot be encoded is a [Permanent] failure. It
-// returns an error for an endpoint that is not an absolute http or https URL,
-// or an option out of range.
-func HTTPConsumer(endpoint string, opts ...HTTPOption) (ConsumerFunc, error) {
-	u, err := url.Parse(endpoint)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%w: endpoint %q is not an absolute http(s) URL", ErrInvalidOption, endpoint)
-	}
-	cfg := httpConfig{client: http.DefaultClient, timeout: 10 * time.Second, header: make(http.Header)}
-	for _, o := range opts {
-		if o == nil {
-			return nil, fmt.Errorf("%w: nil HTTPOption", ErrInvalidOption)
-		}
-		o.applyHTTP(&cfg)
-	}
-	if cfg.client == nil || cfg.timeout <= 0 {
-		return nil, fmt.Errorf("%w: nil client or timeout %v", ErrInvalidOption, cfg.timeout)
-	}
-	return func(ctx context.Context, msg *Msg) error {
-		body, ok := msg.Data.(json.RawMessage)
+// work is one worker: it delivers messages until the queue is closed and empty,
+// or aborted. wg.Done is its join.
+func (q *queue) work(ctx context.Context, wg *sync.WaitGroup) {
+	defer wg.Done()
+	batch := make([]entry, 0, maxBatch)
+	held := false
+	calls := 0
+	for {
+		var ok bool
+		batch, ok = q.take(batch[:0], held)
 		if !ok {
-			var err error
-			if body, err = json.Marshal(msg.Data); err != nil {
-				return Permanent(fmt.Errorf("tinymq: webhook: encoding the payload: %w", err))
+			return
+		}
+		held = true
+		for i, e := range batch {
+			batch[i] = entry{}
+			if !q.begin() {
+				clear(batch[i:]) // aborted: abort counted the rest as undelivered
+				break
 			}
+			q.deliver(ctx, e.msg(q.name), calls%sampleEvery == 0)
+			calls++
 		}
-		ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
-		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
-		if err != nil {
-			return Permanent(err)
+	}
+}
+
+// deliver hands m to the consumer, unless it expired, and settles the outcome:
+// success, a retry, or a dead letter.
+func (q *queue) deliver(ctx context.Context, m *Msg, timed bool) {
+	if m.expires != 0 && time.Now().UnixNano() >= m.expires {
+		q.c.expired.Add(1)
+		q.deadLetter(m, ReasonExpired, nil)
+		return
+	}
+	m.Attempt++
+	q.c.delivered.Add(1)
+	var start time.Time
+	if timed {
+		start = time.Now()
+	}
+	err := q.process(ctx, m)
+	if timed {
+		q.hist.observe(time.Since(start))
+	}
+	if err == nil {
+		q.c.succeeded.Add(1)
+		return
+	}
+	q.c.failed.Add(1)
+	if m.Attempt < q.retry.MaxAttempts && !errors.Is(err, ErrPermanent) {
+		q.retryLater(m, err)
+		return
+	}
+	q.deadLetter(m, ReasonRejected, err)
+}
+
+// process runs the consumer on one message, turning a panic into an error.
+func (q *queue) process(ctx context.Context, m *Msg) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
 		}
-		for k, vs := range cfg.header {
-			req.Header[k] = vs
+	}()
+	return q.consumer(ctx, m)
+}
+
+// retryLater schedules m for its next attempt after its backoff. The retry
+// delivers a copy of m, as the consumer left it, so that a consumer that kept
+// m does not see it change.
+func (q *queue) retryLater(m *Msg, err error) {
+	backoff := q.retry.backoff(m.Attempt)
+	next := new(Msg)
+	*next = *m
+	q.mu.Lock()
+	if q.aborted {
+		q.mu.Unlock()
+		q.c.undelivered.Add(1)
+		q.logFailure(m, err, slog.LevelError, "tinymq: delivery failed, no retry after the shutdown deadline")
+		return
+	}
+	q.scheduled++
+	q.entered++
+	q.mu.Unlock()
+	q.c.retried.Add(1)
+	q.logFailure(m, err, slog.LevelWarn, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
+	q.mq.sched.add(time.Now().Add(backoff), q, next)
+}
+
+// deadLetter publishes m to the queue's dead-letter exchange, or drops it when
+// there is none or it cannot route m, and logs which with the reason and the
+// consumer's last error (cause). Either way m has reached its end here.
+func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
+	now := time.Now()
+	death := Death{Reason: reason, Exchange: m.Exchange, Queue: q.name, RoutingKey: m.RoutingKey,
+		Attempts: m.Attempt, Time: now}
+	if cause != nil {
+		death.LastError = cause.Error()
+	}
+	var err error
+	switch {
+	case q.dlx == "":
+		err = errNoDeadLetterExchange
+	case reason != ReasonRejected && diedHereBefore(m.Deaths, q.name, reason):
+		err = errDeadLetterCycle
+	default:
+		key := q.dlxKey
+		if key == "" {
+			key = m.RoutingKey
 		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-TinyMQ-Message-Id", strconv.FormatUint(msg.ID, 10))
-		req.Header.Set("X-TinyMQ-Exchange", msg.Exchange)
-		req.Header.Set("X-TinyMQ-Queue", msg.Queue)
-		req.Header.Set("X-TinyMQ-Routing-Key", msg.RoutingKey)
-		req.Header.Set("X-TinyMQ-Attempt", strconv.Itoa(msg.Attempt))
-		resp, err := cfg.client.Do(req)
-		if err != nil {
-			return fmt.Errorf("tinymq: webhook %s: %w", endpoint, err)
+		deaths := make([]Death, 0, len(m.Deaths)+1)
+		deaths = append(append(deaths, death), m.Deaths...)
+		err = q.mq.publishDead(q.dlx, m.Data, key, m.Headers, deaths)
+	}
+	reasonAttr := slog.String("reason", string(reason))
+	death.MessageID = m.ID
+	rec := DeadLetter{Death: death}
+	if err == nil {
+		rec.DeadLetterExchange = q.dlx
+	} else {
+		rec.Dropped, rec.DropCause = true, err.Error()
+	}
+	q.mq.deadLetters.add(rec)
+	if err == nil {
+		q.c.deadLettered.Add(1)
+		q.logFailure(m, cause, slog.LevelWarn, "tinymq: message dead-lettered", reasonAttr,
+			slog.String("dead_letter_exchange", q.dlx))
+		return
+	}
+	q.c.dropped.Add(1)
+	q.logFailure(m, cause, slog.LevelError, "tinymq: message dropped", reasonAttr, slog.String("drop_cause", err.Error()))
+}
+
+var (
+	errNoDeadLetterExchange = errors.New("no dead-letter exchange")
+	errDeadLetterCycle      = errors.New("dead-letter cycle")
+)
+
+func diedHereBefore(deaths []Death, queue string, reason DeathReason) bool {
+	for _, d := range deaths {
+		if d.Queue == queue && d.Reason == reason {
+			return true
 		}
-		defer resp.Body.Close()
-		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // so the connection can be reused
-		if resp.StatusCode < 200 || resp.StatusCode > 299 {
-			return fmt.Errorf("tinymq: webhook %s: status %d: %s", endpoint, resp.StatusCode, bytes.TrimSpace(snippet))
+	}
+	return false
+}
+
+// logFailure logs what became of m, with err, the consumer's error (if any).
+func (q *queue) logFailure(m *Msg, err error, level slog.Level, msg string, extra ...slog.Attr) {
+	ctx := context.Background()
+	if !q.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	attrs = append(attrs,
+		slog.String("exchange", m.Exchange),
+		slog.String("queue", q.name),
+		slog.Uint64("msg_id", m.ID),
+		slog.Int("attempt", m.Attempt))
+	if err != nil {
+		attrs = append(attrs, slog.Any("err", err))
+		var pe *PanicError
+		if errors.As(err, &pe) {
+			attrs = append(attrs, slog.String("stack", string(pe.Stack)))
 		}
-		return nil
-	}, nil
+	}
+	q.log.LogAttrs(ctx, level, msg, append(attrs, extra...)...)
 }

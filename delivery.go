@@ -69,21 +69,6 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 	return time.Duration(d)
 }
 
-// WithRetry gives the queue a retry policy. Without one, a message gets one
-// attempt. A message that used up its attempts, or whose consumer returned a
-// [Permanent] error, is dead-lettered (see [WithDeadLetter]) with reason
-// [ReasonRejected].
-func WithRetry(p RetryPolicy) QueueOption {
-	return queueOptionFunc(func(c *queueConfig) error {
-		n, err := p.normalize()
-		if err != nil {
-			return err
-		}
-		c.retry, c.queueOnly = n, true
-		return nil
-	})
-}
-
 type permanentError struct{ err error }
 
 func (e permanentError) Error() string        { return e.err.Error() }
@@ -137,79 +122,4 @@ type Death struct {
 	LastError string
 	// Time is when it was dead-lettered.
 	Time time.Time
-}
-
-// WithDeadLetter makes the queue publish its dead messages (see [DeathReason])
-// to exchange, with routingKey, or with their own routing key when routingKey
-// is "". The message keeps its data and headers and gains a [Death] at the
-// front of [Msg.Deaths]. The exchange need not exist yet; if it does not exist
-// or cannot route the message when the time comes, the message is logged and
-// counted as dropped. Without a dead-letter exchange, dead messages are logged
-// and counted as dropped.
-//
-// As in RabbitMQ, a message that would be dead-lettered for expiry or length
-// into a queue it already died in that way is dropped instead, to break the
-// cycle.
-func WithDeadLetter(exchange, routingKey string) QueueOption {
-	return queueOptionFunc(func(c *queueConfig) error {
-		if exchange == "" {
-			return fmt.Errorf("%w: dead-letter exchange", ErrEmptyName)
-		}
-		if len(routingKey) > maxKeyLen {
-			return ErrKeyTooLong
-		}
-		c.dlx, c.dlxKey, c.queueOnly = exchange, routingKey, true
-		return nil
-	})
-}
-
-// WithMessageTTL gives every message of the queue a time to live, counted from
-// when it is enqueued (after any delay). A message still waiting when its TTL
-// passes is never handed to a consumer: it is dead-lettered with reason
-// [ReasonExpired] when it reaches the front of the queue. With a per-message
-// TTL too ([WithTTL]), the shorter applies.
-func WithMessageTTL(ttl time.Duration) QueueOption {
-	return queueOptionFunc(func(c *queueConfig) error {
-		if ttl <= 0 {
-			return fmt.Errorf("%w: TTL %v", ErrInvalidOption, ttl)
-		}
-		c.ttl, c.queueOnly = ttl, true
-		return nil
-	})
-}
-
-// Overflow says what a queue at its length limit does with one more message.
-type Overflow uint8
-
-const (
-	// DropHead makes room by dead-lettering the oldest ready message with reason
-	// [ReasonMaxLen]. Publish succeeds.
-	DropHead Overflow = iota + 1
-	// RejectPublish refuses the message: Publish returns [ErrQueueFull] and no
-	// queue gets it.
-	RejectPublish
-	// Block makes Publish wait for room, until its context ends
-	// ([MQ.PublishContext]) or Stop begins.
-	Block
-)
-
-// WithMaxLen limits the queue to n messages, counting those ready and those
-// waiting for a delay or a retry, but not those in a consumer. overflow says
-// what happens to one more. Queues are unbounded by default.
-//
-// A publish to an exchange with several matching queues is all or nothing: if
-// any of them is full with RejectPublish, Publish returns ErrQueueFull and none
-// of them gets the message; if any is full with Block, Publish waits until all
-// have room; DropHead queues make room and take it.
-func WithMaxLen(n int, overflow Overflow) QueueOption {
-	return queueOptionFunc(func(c *queueConfig) error {
-		if n < 1 {
-			return fmt.Errorf("%w: max length %d", ErrInvalidOption, n)
-		}
-		if overflow < DropHead || overflow > Block {
-			return fmt.Errorf("%w: overflow %d", ErrInvalidOption, overflow)
-		}
-		c.maxLen, c.overflow, c.queueOnly = n, overflow, true
-		return nil
-	})
 }

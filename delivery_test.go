@@ -225,9 +225,9 @@ func TestTTLExpiredMessagesNeverReachTheConsumer(t *testing.T) {
 		require.NoError(t, m.Publish("ev", "slow"))
 		synctest.Wait()
 		require.NoError(t, m.Publish("ev", "queue-ttl"))                                           // 1s: expires at 1s
-		require.NoError(t, m.Publish("ev", "long-msg-ttl", tinymq.WithTTL(time.Hour)))             // the queue's 1s is shorter
+		require.NoError(t, m.Publish("ev", "long-msg-ttl", tinymq.WithExpiration(time.Hour)))             // the queue's 1s is shorter
 		time.Sleep(1500 * time.Millisecond)                                                        // t=1.5s
-		require.NoError(t, m.Publish("ev", "short-msg-ttl", tinymq.WithTTL(100*time.Millisecond))) // expires at 1.6s
+		require.NoError(t, m.Publish("ev", "short-msg-ttl", tinymq.WithExpiration(100*time.Millisecond))) // expires at 1.6s
 		require.NoError(t, m.Publish("ev", "fresh"))                                               // expires at 2.5s; delivered at 2s
 		m.Stop()
 		assert.Equal(t, []any{"slow", "fresh"}, got)
@@ -444,23 +444,22 @@ func TestDeliveryOptionValidation(t *testing.T) {
 	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, nop, 1))
 	tests := []struct {
 		name string
-		err  error
+		call func() error
 		want error
 	}{
-		{"negative attempts", m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: -1})), tinymq.ErrInvalidOption},
-		{"multiplier below 1", m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{Multiplier: 0.5})), tinymq.ErrInvalidOption},
-		{"jitter above 1", m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{Jitter: 1.5})), tinymq.ErrInvalidOption},
-		{"max below initial", m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{InitialBackoff: time.Second, MaxBackoff: time.Millisecond})), tinymq.ErrInvalidOption},
-		{"max length 0", m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMaxLen(0, tinymq.DropHead)), tinymq.ErrInvalidOption},
-		{"unknown overflow", m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMaxLen(1, 0)), tinymq.ErrInvalidOption},
-		{"zero queue TTL", m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMessageTTL(0)), tinymq.ErrInvalidOption},
-		{"empty dead-letter exchange", m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithDeadLetter("", "k")), tinymq.ErrEmptyName},
-		{"retry on Bind", m.Bind("ev#1", "y", tinymq.Fanout, tinymq.WithRetry(tinymq.RetryPolicy{})), tinymq.ErrInvalidOption},
-		{"zero message TTL", m.Publish("ev", 1, tinymq.WithTTL(0)), tinymq.ErrInvalidOption},
-		{"negative delay", m.Publish("ev", 1, tinymq.WithDelay(-time.Second)), tinymq.ErrInvalidOption},
+		{"negative attempts", func() error { return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: -1})) }, tinymq.ErrInvalidOption},
+		{"multiplier below 1", func() error { return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{Multiplier: 0.5})) }, tinymq.ErrInvalidOption},
+		{"jitter above 1", func() error { return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{Jitter: 1.5})) }, tinymq.ErrInvalidOption},
+		{"max below initial", func() error { return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{InitialBackoff: time.Second, MaxBackoff: time.Millisecond})) }, tinymq.ErrInvalidOption},
+		{"max length 0", func() error { return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMaxLen(0, tinymq.DropHead)) }, tinymq.ErrInvalidOption},
+		{"unknown overflow", func() error { return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMaxLen(1, 0)) }, tinymq.ErrInvalidOption},
+		{"zero queue TTL", func() error { return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMessageTTL(0)) }, tinymq.ErrInvalidOption},
+		{"empty dead-letter exchange", func() error { return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithDeadLetter("", "k")) }, tinymq.ErrEmptyName},
+		{"zero message TTL", func() error { return m.Publish("ev", 1, tinymq.WithExpiration(0)) }, tinymq.ErrInvalidOption},
+		{"negative delay", func() error { return m.Publish("ev", 1, tinymq.WithDelay(-time.Second)) }, tinymq.ErrInvalidOption},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { require.ErrorIs(t, tt.err, tt.want) })
+		t.Run(tt.name, func(t *testing.T) { require.ErrorIs(t, tt.call(), tt.want) })
 	}
 	m.Stop()
 }

@@ -2,15 +2,6 @@ package tinymq
 
 import "log/slog"
 
-// Option configures an MQ in [New].
-type Option interface {
-	applyMQ(*MQ)
-}
-
-type optionFunc func(*MQ)
-
-func (f optionFunc) applyMQ(m *MQ) { f(m) }
-
 // WithLogger sets the logger that TinyMQ reports to what it cannot return as an
 // error: failed deliveries (with the keys exchange, queue, msg_id, err, and stack
 // for panics) and messages a shutdown left undelivered. A nil logger, like the

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"time"
 )
 
 type mqState uint8
@@ -76,104 +75,6 @@ func New(opts ...Option) *MQ {
 		m.engine.Init(EngineConfig{Logger: m.log, Codec: m.codec})
 	}
 	return m
-}
-
-// QueueOption configures a queue in [MQ.RegisterQueue], or a binding in [MQ.Bind].
-type QueueOption interface {
-	applyQueue(*queueConfig) error
-}
-
-type queueConfig struct {
-	name      string
-	filter    func(*Msg) bool
-	binding   binding
-	retry     RetryPolicy
-	ttl       time.Duration
-	maxLen    int
-	overflow  Overflow
-	dlx       string
-	dlxKey    string
-	queueOnly bool // an option that Bind does not take was given
-}
-
-type queueOptionFunc func(*queueConfig) error
-
-func (f queueOptionFunc) applyQueue(c *queueConfig) error { return f(c) }
-
-// WithQueueName names the queue; names are unique within an MQ and appear in logs
-// and in [Msg.Queue]. By default a queue is named after its exchange and its
-// registration number, as "events#3".
-func WithQueueName(name string) QueueOption {
-	return queueOptionFunc(func(c *queueConfig) error {
-		if name == "" {
-			return fmt.Errorf("%w: queue name", ErrEmptyName)
-		}
-		c.name, c.queueOnly = name, true
-		return nil
-	})
-}
-
-// WithBindingKey binds the queue with key: the exact routing key on a direct
-// exchange, a pattern on a topic exchange. Give it several times to bind one
-// queue with several keys; a message that matches several of them is still
-// delivered to the queue once. Direct and topic queues need at least one;
-// fanout and headers exchanges take none.
-func WithBindingKey(key string) QueueOption {
-	return queueOptionFunc(func(c *queueConfig) error {
-		c.binding.keys = append(c.binding.keys, key)
-		return nil
-	})
-}
-
-// WithBindingArgs binds the queue to a headers exchange with AMQP binding
-// arguments: "x-match" ("all", the default, "any", "all-with-x" or "any-with-x")
-// and the header values to match; a nil value matches any value of that header.
-// Give it several times for several bindings; a message matching any of them is
-// delivered to the queue once. Only headers exchanges take it.
-func WithBindingArgs(args map[string]any) QueueOption {
-	return queueOptionFunc(func(c *queueConfig) error {
-		c.binding.args = append(c.binding.args, args)
-		c.binding.hasArgs = true
-		return nil
-	})
-}
-
-// WithFilter drops, at publish time, the messages for which keep returns false,
-// after the binding has matched. keep runs on the publisher's goroutine with the
-// queue's copy of the message; it must be fast and safe for concurrent use. A
-// message that every matching queue filters out is unroutable. A panic in keep
-// makes Publish return an error wrapping a [*PanicError].
-func WithFilter(keep func(*Msg) bool) QueueOption {
-	return queueOptionFunc(func(c *queueConfig) error {
-		if keep == nil {
-			return fmt.Errorf("%w: nil filter", ErrInvalidOption)
-		}
-		c.filter, c.queueOnly = keep, true
-		return nil
-	})
-}
-
-// bindingOptions applies opts and validates the binding they ask of an
-// exchange of the given kind. bindOnly refuses options that configure the
-// queue rather than the binding.
-func bindingOptions(kind ExchangeType, opts []QueueOption, bindOnly bool) (queueConfig, []headersBinding, error) {
-	var c queueConfig
-	for _, o := range opts {
-		if o == nil {
-			return c, nil, fmt.Errorf("%w: nil QueueOption", ErrInvalidOption)
-		}
-		if err := o.applyQueue(&c); err != nil {
-			return c, nil, err
-		}
-	}
-	if bindOnly && c.queueOnly {
-		return c, nil, fmt.Errorf("%w: Bind takes only WithBindingKey and WithBindingArgs", ErrInvalidOption)
-	}
-	if !kind.valid() {
-		return c, nil, fmt.Errorf("%w: %d", ErrInvalidKind, uint8(kind))
-	}
-	hbs, err := checkBinding(kind, c.binding)
-	return c, hbs, err
 }
 
 // DeclareExchange declares an exchange of the given kind, so that it can take
@@ -256,7 +157,7 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 	if concurrency < 1 {
 		return fmt.Errorf("%w: got %d", ErrInvalidConcurrency, concurrency)
 	}
-	cfg, hbs, err := bindingOptions(kind, opts, false)
+	cfg, hbs, err := queueOptions(kind, opts)
 	if err != nil {
 		return err
 	}
@@ -297,8 +198,8 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 // the binding options [WithBindingKey] and [WithBindingArgs], validated as in
 // RegisterQueue. It does not block on consumers; after Stop it returns
 // [ErrStopped].
-func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...QueueOption) error {
-	cfg, hbs, err := bindingOptions(kind, opts, true)
+func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...BindingOption) error {
+	b, hbs, err := bindingOptions(kind, opts)
 	if err != nil {
 		return err
 	}
@@ -319,17 +220,17 @@ func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...QueueOption
 		if err != nil {
 			return err
 		}
-		if err := m.engine.Bind(BindingSpec{Queue: queue, Exchange: exchange, Kind: kind, Keys: cfg.binding.keys, Args: cfg.binding.args}); err != nil {
+		if err := m.engine.Bind(BindingSpec{Queue: queue, Exchange: exchange, Kind: kind, Keys: b.keys, Args: b.args}); err != nil {
 			return err
 		}
-		ex.bind(q, cfg.binding, nil)
+		ex.bind(q, b, nil)
 		return nil
 	}
 	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false)
 	if err != nil {
 		return err
 	}
-	ex.bind(q, cfg.binding, hbs)
+	ex.bind(q, b, hbs)
 	return nil
 }
 

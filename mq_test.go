@@ -545,30 +545,30 @@ func TestBadInputGetsSentinelErrors(t *testing.T) {
 
 	tests := []struct {
 		name string
-		err  error
+		call func() error
 		want error
 	}{
-		{"empty exchange name", m.RegisterQueue("", tinymq.Fanout, nop, 1), tinymq.ErrEmptyName},
-		{"nil consumer", m.RegisterQueue("x", tinymq.Fanout, nil, 1), tinymq.ErrNilConsumer},
-		{"concurrency 0", m.RegisterQueue("x", tinymq.Fanout, nop, 0), tinymq.ErrInvalidConcurrency},
-		{"negative concurrency", m.RegisterQueue("x", tinymq.Fanout, nop, -3), tinymq.ErrInvalidConcurrency},
-		{"zero kind", m.RegisterQueue("x", 0, nop, 1), tinymq.ErrInvalidKind},
-		{"unknown kind", m.RegisterQueue("x", tinymq.ExchangeType(99), nop, 1), tinymq.ErrInvalidKind},
-		{"same exchange, other kind", m.RegisterQueue("fan", tinymq.Direct, nop, 1, tinymq.WithBindingKey("k")), tinymq.ErrExchangeMismatch},
-		{"duplicate queue name", m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithQueueName("q1")), tinymq.ErrDuplicateQueue},
-		{"empty queue name", m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithQueueName("")), tinymq.ErrEmptyName},
-		{"nil queue option", m.RegisterQueue("fan", tinymq.Fanout, nop, 1, nil), tinymq.ErrInvalidOption},
-		{"nil filter", m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithFilter(nil)), tinymq.ErrInvalidOption},
-		{"publish to unknown exchange", m.Publish("nope", 1), tinymq.ErrUnknownExchange},
-		{"publish with no queue bound", m.Publish("empty", 1), tinymq.ErrNoRoute},
-		{"zero PublishOption", m.Publish("fan", 1, tinymq.PublishOption{}), tinymq.ErrInvalidOption},
-		{"nil context", m.Start(nilCtx), tinymq.ErrInvalidOption},
-		{"nil publish context", m.PublishContext(nilCtx, "fan", 1), tinymq.ErrInvalidOption},
-		{"nil shutdown context", m.Shutdown(nilCtx), tinymq.ErrInvalidOption},
+		{"empty exchange name", func() error { return m.RegisterQueue("", tinymq.Fanout, nop, 1) }, tinymq.ErrEmptyName},
+		{"nil consumer", func() error { return m.RegisterQueue("x", tinymq.Fanout, nil, 1) }, tinymq.ErrNilConsumer},
+		{"concurrency 0", func() error { return m.RegisterQueue("x", tinymq.Fanout, nop, 0) }, tinymq.ErrInvalidConcurrency},
+		{"negative concurrency", func() error { return m.RegisterQueue("x", tinymq.Fanout, nop, -3) }, tinymq.ErrInvalidConcurrency},
+		{"zero kind", func() error { return m.RegisterQueue("x", 0, nop, 1) }, tinymq.ErrInvalidKind},
+		{"unknown kind", func() error { return m.RegisterQueue("x", tinymq.ExchangeType(99), nop, 1) }, tinymq.ErrInvalidKind},
+		{"same exchange, other kind", func() error { return m.RegisterQueue("fan", tinymq.Direct, nop, 1, tinymq.WithBindingKey("k")) }, tinymq.ErrExchangeMismatch},
+		{"duplicate queue name", func() error { return m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithQueueName("q1")) }, tinymq.ErrDuplicateQueue},
+		{"empty queue name", func() error { return m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithQueueName("")) }, tinymq.ErrEmptyName},
+		{"nil queue option", func() error { return m.RegisterQueue("fan", tinymq.Fanout, nop, 1, nil) }, tinymq.ErrInvalidOption},
+		{"nil filter", func() error { return m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithFilter(nil)) }, tinymq.ErrInvalidOption},
+		{"publish to unknown exchange", func() error { return m.Publish("nope", 1) }, tinymq.ErrUnknownExchange},
+		{"publish with no queue bound", func() error { return m.Publish("empty", 1) }, tinymq.ErrNoRoute},
+		{"zero PublishOption", func() error { return m.Publish("fan", 1, tinymq.PublishOption{}) }, tinymq.ErrInvalidOption},
+		{"nil context", func() error { return m.Start(nilCtx) }, tinymq.ErrInvalidOption},
+		{"nil publish context", func() error { return m.PublishContext(nilCtx, "fan", 1) }, tinymq.ErrInvalidOption},
+		{"nil shutdown context", func() error { return m.Shutdown(nilCtx) }, tinymq.ErrInvalidOption},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			require.ErrorIs(t, tt.err, tt.want)
+			require.ErrorIs(t, tt.call(), tt.want)
 		})
 	}
 

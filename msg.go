@@ -59,7 +59,7 @@ const (
 	_ publishOptionKind = iota
 	optRoutingKey
 	optHeaders
-	optTTL
+	optExpiration
 	optDelay
 )
 
@@ -79,12 +79,13 @@ func WithHeaders(h map[string]any) PublishOption {
 	return PublishOption{kind: optHeaders, headers: h}
 }
 
-// WithTTL gives the message a time to live in every queue it reaches, counted
+// WithExpiration gives the message a time to live in every queue it reaches
+// (RabbitMQ's expiration property), counted
 // from when it is enqueued (after any delay): once it passes, the message is
 // never handed to a consumer but dead-lettered with reason [ReasonExpired]. A
 // queue's own TTL ([WithMessageTTL]) applies too; the shorter wins.
-func WithTTL(ttl time.Duration) PublishOption {
-	return PublishOption{kind: optTTL, d: ttl}
+func WithExpiration(ttl time.Duration) PublishOption {
+	return PublishOption{kind: optExpiration, d: ttl}
 }
 
 // WithDelay makes the message visible to consumers only after d. Publish
@@ -108,11 +109,11 @@ func (c *publishConfig) apply(opts []PublishOption) error {
 			c.routingKey = o.key
 		case optHeaders:
 			c.headers = o.headers
-		case optTTL, optDelay:
+		case optExpiration, optDelay:
 			if o.d <= 0 {
 				return fmt.Errorf("%w: duration %v", ErrInvalidOption, o.d)
 			}
-			if o.kind == optTTL {
+			if o.kind == optExpiration {
 				c.ttl = o.d
 			} else {
 				c.delay = o.d

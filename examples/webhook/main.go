@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/webhook"
 )
 
 type OrderPlaced struct {
@@ -43,9 +44,9 @@ func main() {
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 
-	consume, err := tinymq.HTTPConsumer("http://"+ln.Addr().String()+"/orders",
-		tinymq.WithHTTPTimeout(2*time.Second),
-		tinymq.WithHTTPHeader("Authorization", "Bearer example-token"))
+	consume, err := webhook.New("http://"+ln.Addr().String()+"/orders",
+		webhook.WithTimeout(2*time.Second),
+		webhook.WithHeader("Authorization", "Bearer example-token"))
 	if err != nil {
 		log.Fatal(err)
 	}
