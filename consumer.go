@@ -59,42 +59,50 @@ func Handler[T any](fn func(ctx context.Context, v T) error) ConsumerFunc {
 	}
 }
 
-// work is one worker: it delivers messages until the queue is closed and empty,
-// or aborted. wg.Done is its join.
-func (q *queue) work(ctx context.Context, wg *sync.WaitGroup) {
-	defer wg.Done()
-	batch := make([]entry, 0, maxBatch)
-	held := false
-	calls := 0
+// run is the goroutine of worker slot w: it delivers messages until the
+// queue is closed and empty, or aborted. wg.Done is its join. A consumer that
+// ends the goroutine with runtime.Goexit (as t.FailNow does) fails its
+// message, and a new goroutine takes over the slot, so the queue keeps its
+// workers.
+func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
+	q := w.q
+	id := q.mq.own.enter()
+	returned := false
+	defer func() {
+		q.mq.own.leave(id)
+		if !returned {
+			wg.Add(1) // this goroutine has not called Done: the count is above 0
+			go w.run(ctx, wg)
+		}
+		wg.Done()
+	}()
 	for {
-		var ok bool
-		batch, ok = q.take(batch[:0], held)
+		e, ok := w.claim()
 		if !ok {
-			return
-		}
-		held = true
-		for i, e := range batch {
-			batch[i] = entry{}
-			if !q.begin() {
-				clear(batch[i:]) // aborted: abort counted the rest as undelivered
-				break
+			if e, ok = q.take(w); !ok {
+				returned = true
+				return
 			}
-			q.deliver(ctx, e.msg(q.name), calls%sampleEvery == 0)
-			calls++
 		}
+		if !q.begin() {
+			w.drop() // aborted: abort counted the rest as undelivered
+			continue
+		}
+		q.deliver(ctx, w, e.msg(q.name))
 	}
 }
 
-// deliver hands m to the consumer, unless it expired, and settles the outcome:
-// success, a retry, or a dead letter.
-func (q *queue) deliver(ctx context.Context, m *Msg, timed bool) {
+// deliver hands m to the consumer, unless it expired, and settles the outcome.
+func (q *queue) deliver(ctx context.Context, w *worker, m *Msg) {
 	if m.expires != 0 && time.Now().UnixNano() >= m.expires {
 		q.c.expired.Add(1)
-		q.deadLetter(m, ReasonExpired, nil)
+		q.deadLetter(m, ReasonExpired, m.lastErr)
 		return
 	}
 	m.Attempt++
 	q.c.delivered.Add(1)
+	timed := w.calls%sampleEvery == 0
+	w.calls++
 	var start time.Time
 	if timed {
 		start = time.Now()
@@ -103,88 +111,118 @@ func (q *queue) deliver(ctx context.Context, m *Msg, timed bool) {
 	if timed {
 		q.hist.observe(time.Since(start))
 	}
+	q.settle(m, err)
+}
+
+// process runs the consumer on one message, turning a panic into a
+// [*PanicError] and a typed nil error into [ErrTypedNil]. If the consumer
+// calls runtime.Goexit, process settles the message itself with
+// [ErrGoexit], as the goroutine will not return to do it.
+func (q *queue) process(ctx context.Context, m *Msg) (err error) {
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+			return
+		}
+		q.settle(m, fmt.Errorf("%w (queue %q)", ErrGoexit, q.name))
+	}()
+	err = q.consumer(ctx, m)
+	returned = true
+	if err != nil && isNil(err) {
+		err = fmt.Errorf("%w: the consumer returned a nil %T", ErrTypedNil, err)
+	}
+	return err
+}
+
+// isNil reports whether err is a non-nil interface holding a nil pointer (or
+// map, slice, func, chan): a typed nil, whose methods may panic.
+func isNil(err error) bool {
+	v := reflect.ValueOf(err)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
+}
+
+// settle counts what the consumer made of m and decides what follows:
+// nothing (success), a retry, or a dead letter.
+func (q *queue) settle(m *Msg, err error) {
 	if err == nil {
 		q.c.succeeded.Add(1)
 		return
 	}
 	q.c.failed.Add(1)
-	if m.Attempt < q.retry.MaxAttempts && !errors.Is(err, ErrPermanent) {
+	m.lastErr = err
+	if m.Attempt < q.cfg.retry.MaxAttempts && !errors.Is(err, ErrPermanent) {
 		q.retryLater(m, err)
 		return
 	}
 	q.deadLetter(m, ReasonRejected, err)
 }
 
-// process runs the consumer on one message, turning a panic into an error.
-func (q *queue) process(ctx context.Context, m *Msg) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: debug.Stack()}
-		}
-	}()
-	return q.consumer(ctx, m)
-}
-
 // retryLater schedules m for its next attempt after its backoff. The retry
 // delivers a copy of m, as the consumer left it, so that a consumer that kept
 // m does not see it change.
 func (q *queue) retryLater(m *Msg, err error) {
-	backoff := q.retry.backoff(m.Attempt)
+	backoff := q.cfg.retry.backoff(m.Attempt)
 	next := new(Msg)
 	*next = *m
-	q.mu.Lock()
-	if q.aborted {
-		q.mu.Unlock()
+	evicted, overflow, aborted := q.schedule(next, backoff)
+	switch {
+	case aborted:
 		q.c.undelivered.Add(1)
 		q.logFailure(m, err, slog.LevelError, "tinymq: delivery failed, no retry after the shutdown deadline")
 		return
+	case overflow != nil:
+		q.c.overflowed.Add(1)
+		q.deadLetter(m, ReasonMaxLen, err)
+		return
 	}
-	q.scheduled++
-	q.entered++
-	q.mu.Unlock()
 	q.c.retried.Add(1)
 	q.logFailure(m, err, slog.LevelWarn, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
-	q.mq.sched.add(time.Now().Add(backoff), q, next)
+	if evicted != nil {
+		q.c.overflowed.Add(1)
+		q.deadLetter(evicted, ReasonMaxLen, nil)
+	}
 }
 
 // deadLetter publishes m to the queue's dead-letter exchange, or drops it when
 // there is none or it cannot route m, and logs which with the reason and the
 // consumer's last error (cause). Either way m has reached its end here.
 func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
-	now := time.Now()
 	death := Death{Reason: reason, Exchange: m.Exchange, Queue: q.name, RoutingKey: m.RoutingKey,
-		Attempts: m.Attempt, Time: now}
+		Attempts: m.Attempt, Count: 1, MessageID: m.ID, Time: time.Now()}
 	if cause != nil {
-		death.LastError = cause.Error()
+		death.LastError = errorText(cause)
 	}
+	deaths := addDeath(m.Deaths, death)
 	var err error
-	switch {
-	case q.dlx == "":
+	if q.cfg.dlx == "" {
 		err = errNoDeadLetterExchange
-	case reason != ReasonRejected && diedHereBefore(m.Deaths, q.name, reason):
-		err = errDeadLetterCycle
-	default:
-		key := q.dlxKey
+	} else {
+		key := q.cfg.dlxKey
 		if key == "" {
 			key = m.RoutingKey
 		}
-		deaths := make([]Death, 0, len(m.Deaths)+1)
-		deaths = append(append(deaths, death), m.Deaths...)
-		err = q.mq.publishDead(q.dlx, m.Data, key, m.Headers, deaths)
+		err = q.mq.publishDead(q.cfg.dlx, m.Data, key, m.Headers, deaths)
 	}
-	reasonAttr := slog.String("reason", string(reason))
-	death.MessageID = m.ID
-	rec := DeadLetter{Death: death}
+	rec := DeadLetter{Death: deaths[0]}
 	if err == nil {
-		rec.DeadLetterExchange = q.dlx
+		rec.DeadLetterExchange = q.cfg.dlx
 	} else {
 		rec.Dropped, rec.DropCause = true, err.Error()
 	}
 	q.mq.deadLetters.add(rec)
+	reasonAttr := slog.String("reason", string(reason))
 	if err == nil {
 		q.c.deadLettered.Add(1)
 		q.logFailure(m, cause, slog.LevelWarn, "tinymq: message dead-lettered", reasonAttr,
-			slog.String("dead_letter_exchange", q.dlx))
+			slog.String("dead_letter_exchange", q.cfg.dlx))
 		return
 	}
 	q.c.dropped.Add(1)
@@ -193,36 +231,71 @@ func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
 
 var (
 	errNoDeadLetterExchange = errors.New("no dead-letter exchange")
-	errDeadLetterCycle      = errors.New("dead-letter cycle")
+	errDeadLetterCycle      = errors.New("dead-letter cycle: every queue it routes to is one it died in without a rejection since")
 )
 
-func diedHereBefore(deaths []Death, queue string, reason DeathReason) bool {
+// addDeath returns deaths with d recorded as RabbitMQ records x-death: one
+// entry per queue and reason, the latest first. A death in a queue for a
+// reason already recorded increments that entry's Count and moves it to the
+// front; it keeps the exchange, routing key, message ID and time of the
+// first such death, and takes the new attempts and last error. deaths is
+// not modified: other copies of the message share it.
+func addDeath(deaths []Death, d Death) []Death {
+	out := make([]Death, 0, len(deaths)+1)
+	out = append(out, d)
+	for _, old := range deaths {
+		if old.Queue == d.Queue && old.Reason == d.Reason {
+			old.Count++
+			old.Attempts, old.LastError = d.Attempts, d.LastError
+			out[0] = old
+			continue
+		}
+		out = append(out, old)
+	}
+	return out
+}
+
+// isCycle reports whether a message with these deaths (the latest first,
+// the one being dead-lettered now included) would cycle if delivered to
+// queue, as RabbitMQ decides it: it died in queue before, and no death since
+// then, that one included, was a rejection.
+func isCycle(deaths []Death, queue string) bool {
 	for _, d := range deaths {
-		if d.Queue == queue && d.Reason == reason {
+		if d.Reason == ReasonRejected {
+			return false
+		}
+		if d.Queue == queue {
 			return true
 		}
 	}
 	return false
 }
 
+// errorText returns err.Error(), or a description if that panics.
+func errorText(err error) (s string) {
+	defer func() {
+		if r := recover(); r != nil {
+			s = fmt.Sprintf("%T (its Error method panicked: %v)", err, r)
+		}
+	}()
+	return err.Error()
+}
+
 // logFailure logs what became of m, with err, the consumer's error (if any).
 func (q *queue) logFailure(m *Msg, err error, level slog.Level, msg string, extra ...slog.Attr) {
-	ctx := context.Background()
-	if !q.log.Enabled(ctx, level) {
-		return
-	}
-	attrs := make([]slog.Attr, 0, 8)
-	attrs = append(attrs,
-		slog.String("exchange", m.Exchange),
-		slog.String("queue", q.name),
-		slog.Uint64("msg_id", m.ID),
-		slog.Int("attempt", m.Attempt))
-	if err != nil {
-		attrs = append(attrs, slog.Any("err", err))
-		var pe *PanicError
-		if errors.As(err, &pe) {
-			attrs = append(attrs, slog.String("stack", string(pe.Stack)))
+	q.mq.logAttrs(level, msg, func(attrs []slog.Attr) []slog.Attr {
+		attrs = append(attrs,
+			slog.String("exchange", m.Exchange),
+			slog.String("queue", q.name),
+			slog.Uint64("msg_id", m.ID),
+			slog.Int("attempt", m.Attempt))
+		if err != nil {
+			attrs = append(attrs, slog.String("err", errorText(err)))
+			var pe *PanicError
+			if errors.As(err, &pe) {
+				attrs = append(attrs, slog.String("stack", string(pe.Stack)))
+			}
 		}
-	}
-	q.log.LogAttrs(ctx, level, msg, append(attrs, extra...)...)
+		return append(attrs, extra...)
+	})
 }

@@ -76,6 +76,26 @@ var (
 	// wraps.
 	ErrPermanent = errors.New("tinymq: permanent failure")
 
+	// ErrTypedNil is the error of a delivery whose consumer returned a typed
+	// nil: a nil pointer (or map, slice, ...) in a non-nil error interface.
+	// It counts as a failure, since the error is not nil; its text names the
+	// type, so that the mistake can be found.
+	ErrTypedNil = errors.New("tinymq: consumer returned a typed nil error")
+
+	// ErrGoexit is the error of a delivery whose consumer called
+	// runtime.Goexit (as testing's t.FailNow does). The delivery fails, and a
+	// new goroutine takes the worker's place.
+	ErrGoexit = errors.New("tinymq: consumer called runtime.Goexit")
+
+	// ErrCalledFromConsumer is returned by Shutdown when it is called from a
+	// consumer, or from anything else the MQ's own goroutines run (a logger).
+	// Waiting there would wait for the caller itself, so the stop begins and
+	// goes on in the background, and Shutdown returns at once.
+	ErrCalledFromConsumer = errors.New("tinymq: stop called from a consumer; it goes on in the background")
+
+	// ErrPanicked is matched, with errors.Is, by every [*PanicError].
+	ErrPanicked = errors.New("tinymq: panic")
+
 	// ErrUnsupported is returned by an MQ on an [Engine] for an option or call
 	// that the engine cannot honour; the error names the difference.
 	ErrUnsupported = errors.New("tinymq: not supported by this engine")
@@ -100,6 +120,9 @@ type PanicError struct {
 func (e *PanicError) Error() string {
 	return fmt.Sprintf("tinymq: panic: %v", e.Value)
 }
+
+// Is reports whether target is [ErrPanicked].
+func (e *PanicError) Is(target error) bool { return target == ErrPanicked }
 
 // Unwrap returns the panic value when it is an error, so that errors.Is and
 // errors.As see through a panic(err).

@@ -376,19 +376,35 @@ func TestRoutingValidation(t *testing.T) {
 	}{
 		{"binding key on fanout", func() error { return m.RegisterQueue("f", tinymq.Fanout, nop, 1, tinymq.WithBindingKey("k")) }, tinymq.ErrInvalidBinding},
 		{"binding args on fanout", func() error { return m.RegisterQueue("f", tinymq.Fanout, nop, 1, tinymq.WithBindingArgs(nil)) }, tinymq.ErrInvalidBinding},
-		{"binding args on topic", func() error { return m.RegisterQueue("t", tinymq.Topic, nop, 1, tinymq.WithBindingKey("a"), tinymq.WithBindingArgs(map[string]any{"a": 1})) }, tinymq.ErrInvalidBinding},
+		{"binding args on topic", func() error {
+			return m.RegisterQueue("t", tinymq.Topic, nop, 1, tinymq.WithBindingKey("a"), tinymq.WithBindingArgs(map[string]any{"a": 1}))
+		}, tinymq.ErrInvalidBinding},
 		{"direct without binding key", func() error { return m.RegisterQueue("d", tinymq.Direct, nop, 1) }, tinymq.ErrInvalidBinding},
 		{"topic without binding key", func() error { return m.RegisterQueue("t", tinymq.Topic, nop, 1) }, tinymq.ErrInvalidBinding},
 		{"binding key on headers", func() error { return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingKey("k")) }, tinymq.ErrInvalidBinding},
 		{"binding key over 255 bytes", func() error { return m.RegisterQueue("d", tinymq.Direct, nop, 1, tinymq.WithBindingKey(long)) }, tinymq.ErrKeyTooLong},
-		{"unknown x-match", func() error { return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"x-match": "some"})) }, tinymq.ErrInvalidBinding},
-		{"x-match not a string", func() error { return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"x-match": 1})) }, tinymq.ErrInvalidBinding},
-		{"arg of a type that cannot match", func() error { return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"a": struct{}{}})) }, tinymq.ErrInvalidBinding},
-		{"nested arg of a type that cannot match", func() error { return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"a": []any{1, make(chan int)}})) }, tinymq.ErrInvalidBinding},
-		{"uint64 beyond AMQP's long", func() error { return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"a": uint64(1 << 63)})) }, tinymq.ErrInvalidBinding},
+		{"unknown x-match", func() error {
+			return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"x-match": "some"}))
+		}, tinymq.ErrInvalidBinding},
+		{"x-match not a string", func() error {
+			return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"x-match": 1}))
+		}, tinymq.ErrInvalidBinding},
+		{"arg of a type that cannot match", func() error {
+			return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"a": struct{}{}}))
+		}, tinymq.ErrInvalidBinding},
+		{"nested arg of a type that cannot match", func() error {
+			return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"a": []any{1, make(chan int)}}))
+		}, tinymq.ErrInvalidBinding},
+		{"uint64 beyond AMQP's long", func() error {
+			return m.RegisterQueue("h", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"a": uint64(1 << 63)}))
+		}, tinymq.ErrInvalidBinding},
 		{"routing key over 255 bytes", func() error { return m.Publish("d", 1, tinymq.WithRoutingKey(long)) }, tinymq.ErrKeyTooLong},
-		{"header of a type with no AMQP equivalent", func() error { return m.Publish("d", 1, tinymq.WithRoutingKey(max), tinymq.WithHeaders(map[string]any{"a": 1i})) }, tinymq.ErrInvalidHeaders},
-		{"nested header of a bad type", func() error { return m.Publish("d", 1, tinymq.WithHeaders(map[string]any{"a": map[string]any{"b": []int{1}}})) }, tinymq.ErrInvalidHeaders},
+		{"header of a type with no AMQP equivalent", func() error {
+			return m.Publish("d", 1, tinymq.WithRoutingKey(max), tinymq.WithHeaders(map[string]any{"a": 1i}))
+		}, tinymq.ErrInvalidHeaders},
+		{"nested header of a bad type", func() error {
+			return m.Publish("d", 1, tinymq.WithHeaders(map[string]any{"a": map[string]any{"b": []int{1}}}))
+		}, tinymq.ErrInvalidHeaders},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { require.ErrorIs(t, tt.call(), tt.want) })

@@ -3,6 +3,7 @@ package tinymq
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -79,34 +80,65 @@ func fieldTag(v any) byte {
 	return 0
 }
 
+// maxDepth bounds how deeply arrays and tables may nest in headers and
+// binding arguments. It turns a cyclic value, which would otherwise recurse
+// until the stack overflows, into an error.
+const maxDepth = 32
+
 // validateValue reports an error for a value, or an element of one, that has no
-// AMQP field type. It allocates only to describe an error.
-func validateValue(v any) error {
+// AMQP field type, or that nests deeper than maxDepth. It allocates only to
+// describe an error.
+func validateValue(v any, depth int) error {
 	switch fieldTag(v) {
 	case 0:
 		return fmt.Errorf("%T has no AMQP field type", v)
 	case 'A':
+		if depth >= maxDepth {
+			return fmt.Errorf("nested more than %d deep (a cycle?)", maxDepth)
+		}
 		for i, e := range v.([]any) {
-			if err := validateValue(e); err != nil {
+			if err := validateValue(e, depth+1); err != nil {
 				return fmt.Errorf("[%d]: %w", i, err)
 			}
 		}
 	case 'F':
-		return validateTable(v.(map[string]any))
+		if depth >= maxDepth {
+			return fmt.Errorf("nested more than %d deep (a cycle?)", maxDepth)
+		}
+		return validateTable(v.(map[string]any), depth+1)
 	}
 	return nil
 }
 
-func validateTable(t map[string]any) error {
+func validateTable(t map[string]any, depth int) error {
 	for k, v := range t {
 		if len(k) > maxKeyLen {
 			return fmt.Errorf("key %.20q...: %w", k, ErrKeyTooLong)
 		}
-		if err := validateValue(v); err != nil {
+		if err := validateValue(v, depth); err != nil {
 			return fmt.Errorf("%q: %w", k, err)
 		}
 	}
 	return nil
+}
+
+// hasNaN reports whether a validated value holds a NaN, which equals nothing.
+func hasNaN(v any) bool {
+	switch v := v.(type) {
+	case float32:
+		return v != v
+	case float64:
+		return math.IsNaN(v)
+	case []any:
+		return slices.ContainsFunc(v, hasNaN)
+	case map[string]any:
+		for _, e := range v {
+			if hasNaN(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // asInt returns v as an integer when it is one; timestamps count as integers of
@@ -239,8 +271,13 @@ type headersBinding struct {
 
 func parseHeadersBinding(args map[string]any) (headersBinding, error) {
 	b := headersBinding{mode: matchAll}
-	if err := validateTable(args); err != nil {
+	if err := validateTable(args, 0); err != nil {
 		return b, fmt.Errorf("%w: %w", ErrInvalidBinding, err)
+	}
+	for k, v := range args {
+		if hasNaN(v) {
+			return b, fmt.Errorf("%w: argument %q holds NaN, which matches no header", ErrInvalidBinding, k)
+		}
 	}
 	if xm, ok := args["x-match"]; ok {
 		s, ok := xm.(string)

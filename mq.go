@@ -1,11 +1,14 @@
 package tinymq
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 type mqState uint8
@@ -17,11 +20,40 @@ const (
 )
 
 // MQ is a registry of exchanges and the queues bound to them. Create one with
-// [New]; all its methods are safe for concurrent use.
+// [New]; the zero MQ is ready to use too, with the default options. All its
+// methods are safe for concurrent use.
 type MQ struct {
+	// Concurrency map. The goroutines of an in-memory MQ, who starts each and
+	// who waits for it:
+	//
+	//   - workers: concurrency per queue, started by Start (or by
+	//     RegisterQueue once running), each running one worker slot
+	//     (worker.run); a worker whose consumer calls runtime.Goexit starts
+	//     its own replacement before it ends. All are in wg; drain waits.
+	//   - the scheduler (scheduler.run): started by Start, in wg; it ends when
+	//     drain closes schedQuit.
+	//   - the drain (drain): started by the first Stop or Shutdown of a
+	//     running MQ; it waits for quiescence (or the abort), closes the
+	//     queues and the scheduler, waits for wg and closes done, which every
+	//     Stop and Shutdown waits for.
+	//   - the context callback (context.AfterFunc on Start's ctx): runs Stop
+	//     in a goroutine of its own when that ctx ends; drain unregisters it.
+	//
+	// Workers, the scheduler and the drain run user code (consumers, loggers)
+	// and register in own, so that a Stop they call does not wait for
+	// itself.
+	//
+	// Lock order: m.mu (read or write), then queue locks, several at once
+	// only in queue id order; a queue lock is never held while calling user
+	// code, the scheduler, or another queue's lock out of order. The
+	// scheduler's lock is never held together with a queue lock. Filters and
+	// loggers run with no lock held.
 	log    *slog.Logger
 	codec  Codec
 	engine Engine // nil: in memory
+
+	initOnce sync.Once
+	own      owned // goroutine ids of the MQ's own goroutines
 
 	// mu guards everything below it. Publish holds the read lock while it routes
 	// and enqueues (which never blocks on a consumer); declaring, binding,
@@ -35,46 +67,111 @@ type MQ struct {
 	cancel    context.CancelFunc
 	stopAfter func() bool // unregisters the stop on Start's ctx
 
-	sched     *scheduler
-	wg        sync.WaitGroup // every worker, and the scheduler
-	stopOnce  sync.Once
-	idle      chan struct{} // a stopping queue ran out of work
-	schedQuit chan struct{} // closed to stop the scheduler
-	done      chan struct{} // closed when every worker has returned
-	stopErr   error         // set before done is closed
+	sched      *scheduler
+	wg         sync.WaitGroup // every worker, and the scheduler
+	stopOnce   sync.Once
+	stoppedNew bool          // the stop came before Start (set in stopOnce)
+	idle       chan struct{} // a stopping queue ran out of work
+	schedQuit  chan struct{} // closed to stop the scheduler
+	done       chan struct{} // closed when every worker has returned
+	stopErr    error         // set before done is closed
+	loggedNew  atomic.Bool   // the drops of a stop before Start were logged
 
-	abortOnce   sync.Once
-	aborted     chan struct{} // closed when Shutdown's deadline passed
-	abortCounts [2]uint64     // undelivered, still in consumers
+	abortOnce sync.Once
+	aborted   chan struct{} // closed when Shutdown's deadline passed
+	lost      abortTally    // what the abort dropped, set before aborted is closed
 
 	deadLetters deadLetterRing
+}
+
+// abortTally is what Shutdown's deadline left undone.
+type abortTally struct {
+	undelivered uint64 // accepted messages that never reached a consumer
+	inConsumers uint64 // messages in a consumer when the deadline passed
 }
 
 // New returns an MQ with no exchanges. Publishing is possible at once; delivery
 // begins with [MQ.Start].
 func New(opts ...Option) *MQ {
-	m := &MQ{
-		log:       discardLogger,
-		exchanges: make(map[string]*exchange),
-		queues:    make(map[string]*queue),
-		sched:     newScheduler(),
-		idle:      make(chan struct{}, 1),
-		schedQuit: make(chan struct{}),
-		done:      make(chan struct{}),
-		aborted:   make(chan struct{}),
-	}
+	m := new(MQ)
 	for _, o := range opts {
 		if o != nil {
 			o.applyMQ(m)
 		}
 	}
-	if m.codec == nil {
-		m.codec = JSONCodec{}
-	}
-	if m.engine != nil {
-		m.engine.Init(EngineConfig{Logger: m.log, Codec: m.codec})
-	}
+	m.init()
 	return m
+}
+
+// init gives the MQ what New gives it; every exported method calls it first,
+// so that the zero MQ works.
+func (m *MQ) init() {
+	m.initOnce.Do(func() {
+		if m.log == nil {
+			m.log = discardLogger
+		}
+		if m.codec == nil {
+			m.codec = JSONCodec{}
+		}
+		m.exchanges = make(map[string]*exchange)
+		m.queues = make(map[string]*queue)
+		m.sched = newScheduler()
+		m.idle = make(chan struct{}, 1)
+		m.schedQuit = make(chan struct{})
+		m.done = make(chan struct{})
+		m.aborted = make(chan struct{})
+		if m.engine != nil {
+			m.engine.Init(EngineConfig{Logger: m.log, Codec: m.codec})
+		}
+	})
+}
+
+// logAttrs logs msg at level with the attributes attrs adds to the slice it
+// is given. The logger is user code: a panic in it is recovered and
+// forgotten, and attrs is not called when the level is disabled.
+func (m *MQ) logAttrs(level slog.Level, msg string, attrs func([]slog.Attr) []slog.Attr) {
+	defer func() { _ = recover() }()
+	ctx := context.Background()
+	if !m.log.Enabled(ctx, level) {
+		return
+	}
+	m.log.LogAttrs(ctx, level, msg, attrs(make([]slog.Attr, 0, 8))...)
+}
+
+// owned is the set of the MQ's own goroutines that run user code, by
+// goroutine id.
+type owned struct {
+	ids sync.Map // uint64 -> struct{}
+}
+
+func (o *owned) enter() uint64 {
+	id := goid()
+	o.ids.Store(id, struct{}{})
+	return id
+}
+
+func (o *owned) leave(id uint64) { o.ids.Delete(id) }
+
+// mine reports whether the calling goroutine is one of the MQ's own.
+func (o *owned) mine() bool {
+	_, ok := o.ids.Load(goid())
+	return ok
+}
+
+// goid returns the calling goroutine's id, read from the first line of its
+// stack ("goroutine 42 [running]:"). It costs about a microsecond, so it is
+// called when a goroutine starts and by Stop, never per message.
+func goid() uint64 {
+	var buf [64]byte
+	b := bytes.TrimPrefix(buf[:runtime.Stack(buf[:], false)], []byte("goroutine "))
+	var id uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			break
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	return id
 }
 
 // DeclareExchange declares an exchange of the given kind, so that it can take
@@ -84,6 +181,7 @@ func New(opts ...Option) *MQ {
 // first use, so declare an exchange that needs options before registering its
 // queues. It does not block on consumers; after Stop it returns [ErrStopped].
 func (m *MQ) DeclareExchange(name string, kind ExchangeType, opts ...ExchangeOption) error {
+	m.init()
 	var cfg exchangeConfig
 	for _, o := range opts {
 		if o == nil {
@@ -149,14 +247,16 @@ func (m *MQ) declareLocked(name string, kind ExchangeType, cfg exchangeConfig, c
 // Invalid arguments return an error matching one of [ErrEmptyName],
 // [ErrInvalidKind], [ErrNilConsumer], [ErrInvalidConcurrency],
 // [ErrExchangeMismatch], [ErrDuplicateQueue], [ErrInvalidBinding],
-// [ErrKeyTooLong] or [ErrInvalidOption], and change nothing.
+// [ErrKeyTooLong] or [ErrInvalidOption], and change nothing. concurrency is
+// at most [MaxConcurrency]; each worker is a goroutine.
 func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer ConsumerFunc, concurrency int, opts ...QueueOption) error {
 	if consumer == nil {
 		return ErrNilConsumer
 	}
-	if concurrency < 1 {
-		return fmt.Errorf("%w: got %d", ErrInvalidConcurrency, concurrency)
+	if concurrency < 1 || concurrency > MaxConcurrency {
+		return fmt.Errorf("%w: got %d, want 1 to %d", ErrInvalidConcurrency, concurrency, MaxConcurrency)
 	}
+	m.init()
 	cfg, hbs, err := queueOptions(kind, opts)
 	if err != nil {
 		return err
@@ -199,6 +299,7 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 // RegisterQueue. It does not block on consumers; after Stop it returns
 // [ErrStopped].
 func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...BindingOption) error {
+	m.init()
 	b, hbs, err := bindingOptions(kind, opts)
 	if err != nil {
 		return err
@@ -238,8 +339,8 @@ func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...BindingOpti
 // is running, so Stop cannot be waiting on the WaitGroup yet.
 func (m *MQ) startWorkers(q *queue) {
 	m.wg.Add(q.concurrency)
-	for range q.concurrency {
-		go q.work(m.ctx, &m.wg)
+	for _, w := range q.workers {
+		go w.run(m.ctx, &m.wg)
 	}
 }
 
@@ -252,6 +353,7 @@ func (m *MQ) Start(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
 	}
+	m.init()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch m.state {
@@ -274,7 +376,7 @@ func (m *MQ) Start(ctx context.Context) error {
 		m.startWorkers(q)
 	}
 	m.wg.Add(1)
-	go m.sched.run(m.schedQuit, &m.wg)
+	go m.sched.run(m.schedQuit, &m.wg, &m.own)
 	m.stopAfter = context.AfterFunc(ctx, m.Stop)
 	return nil
 }
@@ -288,6 +390,10 @@ func (m *MQ) Start(ctx context.Context) error {
 // call concurrently: every call returns once the MQ has stopped. Publishers
 // blocked on a full queue return [ErrStopped]. Stop before Start delivers
 // nothing: it logs how many accepted messages it dropped.
+//
+// Called from a consumer (or a logger the MQ calls), Stop begins the stop
+// and returns at once: waiting would wait for the caller itself. The stop
+// completes once that consumer returns.
 func (m *MQ) Stop() {
 	_ = m.Shutdown(context.Background())
 }
@@ -295,17 +401,22 @@ func (m *MQ) Stop() {
 // Shutdown is [MQ.Stop] bounded by ctx. It returns nil once every accepted
 // message has reached its end and every worker has returned. If ctx ends
 // first, it cancels the consumers' context, drops the messages that no worker
-// has begun (those waiting for a delay or retry included), logs how many, and
-// returns an error wrapping both [ErrUndelivered] and ctx.Err() that says how
-// many accepted messages never reached a consumer. Workers still inside a
-// consumer then return when the consumer does; call Stop to wait for them.
+// has begun (those waiting for a delay or retry included), and returns an
+// error wrapping both [ErrUndelivered] and ctx.Err() that says how many
+// accepted messages never reached a consumer; the drops are logged by the
+// MQ's own goroutine, so a slow logger cannot hold Shutdown past its
+// deadline. Workers still inside a consumer then return when the consumer
+// does; call Stop to wait for them. If nothing was lost (nothing waited and
+// no consumer was running), Shutdown returns nil even when ctx had ended.
 // Shutdown before Start drops what was published and returns an error
-// wrapping ErrUndelivered if that was anything. A nil ctx is refused with
-// [ErrInvalidOption], and nothing stops.
+// wrapping ErrUndelivered if that was anything. Called from a consumer, it
+// begins the stop and returns [ErrCalledFromConsumer] at once. A nil ctx is
+// refused with [ErrInvalidOption], and nothing stops.
 func (m *MQ) Shutdown(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
 	}
+	m.init()
 	if m.engine != nil {
 		m.stopOnce.Do(func() {
 			m.mu.Lock()
@@ -318,6 +429,14 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 		return m.engine.Shutdown(ctx)
 	}
 	m.stopOnce.Do(m.beginStop)
+	if m.stoppedNew && m.loggedNew.CompareAndSwap(false, true) {
+		m.logLost("tinymq: stopped before Start, messages not delivered")
+	}
+	if m.own.mine() {
+		return ErrCalledFromConsumer
+	}
+	// done first: when both done and ctx are ready, select would pick one at
+	// random, and an MQ that has stopped must not report a deadline.
 	select {
 	case <-m.done:
 		return m.stopErr
@@ -331,34 +450,53 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 	m.abortOnce.Do(func() {
 		// Count first, then cancel: a cancelled consumer may return at once,
 		// and it was still in the consumer when the deadline passed.
-		m.abortCounts = m.abortAll("tinymq: shutdown deadline passed, messages not delivered")
+		m.lost = m.abortAll()
 		m.cancel()
 		close(m.aborted)
 	})
+	if m.lost == (abortTally{}) {
+		// Nothing was lost: the workers have nothing left and no consumer
+		// to wait for, so the stop ends at once.
+		<-m.done
+		return m.stopErr
+	}
 	return fmt.Errorf("%w: %d never reached a consumer, %d were in consumers: %w",
-		ErrUndelivered, m.abortCounts[0], m.abortCounts[1], ctx.Err())
+		ErrUndelivered, m.lost.undelivered, m.lost.inConsumers, ctx.Err())
 }
 
-// abortAll aborts every queue, logs what each left undelivered with msg, and
-// returns the totals undelivered and still in consumers.
-func (m *MQ) abortAll(msg string) [2]uint64 {
+// abortAll aborts every queue and returns what was lost.
+func (m *MQ) abortAll() abortTally {
 	m.mu.RLock()
 	queues := slices.Clone(m.order)
 	m.mu.RUnlock()
-	var total [2]uint64
+	var total abortTally
 	for _, q := range queues {
 		undelivered, running := q.abort()
-		total[0] += undelivered
-		total[1] += running
-		if undelivered > 0 {
-			m.log.LogAttrs(context.Background(), slog.LevelError, msg,
-				slog.String("queue", q.name), slog.Uint64("count", undelivered))
-		}
+		total.undelivered += undelivered
+		total.inConsumers += running
 	}
 	return total
 }
 
-// beginStop stops publishing and starts draining; it runs once.
+// logLost logs, with msg, what abort left undelivered in each queue.
+func (m *MQ) logLost(msg string) {
+	m.mu.RLock()
+	queues := slices.Clone(m.order)
+	m.mu.RUnlock()
+	for _, q := range queues {
+		q.mu.Lock()
+		n := q.abortLost
+		q.mu.Unlock()
+		if n > 0 {
+			m.logAttrs(slog.LevelError, msg, func(a []slog.Attr) []slog.Attr {
+				return append(a, slog.String("queue", q.name), slog.Uint64("count", n))
+			})
+		}
+	}
+}
+
+// beginStop stops publishing and starts draining; it runs once, and calls
+// no user code.
 func (m *MQ) beginStop() {
 	m.mu.Lock()
 	prev := m.state
@@ -367,7 +505,8 @@ func (m *MQ) beginStop() {
 	m.mu.Unlock()
 
 	if prev == stateNew {
-		if n := m.abortAll("tinymq: stopped before Start, messages not delivered")[0]; n > 0 {
+		m.stoppedNew = true
+		if n := m.abortAll().undelivered; n > 0 {
 			m.stopErr = fmt.Errorf("%w: %d messages published before Start were dropped by a stop before Start", ErrUndelivered, n)
 		}
 		close(m.done)
@@ -381,8 +520,11 @@ func (m *MQ) beginStop() {
 
 // drain waits until no queue has work left, all at one instant (a consumer
 // may still dead-letter into a queue that was idle), closes the queues and the
-// scheduler, waits for every worker, and closes done.
+// scheduler, waits for every worker, and closes done. After an abort it logs
+// what was dropped.
 func (m *MQ) drain(queues []*queue) {
+	id := m.own.enter()
+	defer m.own.leave(id)
 wait:
 	for !quiescent(queues) {
 		select {
@@ -391,6 +533,9 @@ wait:
 			break wait
 		}
 	}
+	// A queue that lost messages to an abort was aborted before it could
+	// look quiescent, so every such loss is known here.
+	m.logLost("tinymq: shutdown deadline passed, messages not delivered")
 	for _, q := range queues {
 		q.close()
 	}

@@ -40,6 +40,7 @@ type Msg struct {
 	Redelivered bool
 
 	expires int64 // UnixNano after which it is expired; 0: never
+	lastErr error // the consumer's last error, kept for a later death
 	shared  bool  // an exchange's prototype for plain entries, never delivered
 }
 
@@ -126,7 +127,7 @@ func (c *publishConfig) apply(opts []PublishOption) error {
 		return ErrKeyTooLong
 	}
 	if c.headers != nil {
-		if err := validateTable(c.headers); err != nil {
+		if err := validateTable(c.headers, 0); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidHeaders, err)
 		}
 	}

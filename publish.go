@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 )
 
@@ -33,6 +34,7 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
 	}
+	m.init()
 	var pc publishConfig
 	if len(opts) > 0 {
 		if err := pc.apply(opts); err != nil {
@@ -43,9 +45,7 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 		return m.publishOnEngine(ctx, exchange, data, &pc)
 	}
 	for {
-		m.mu.RLock()
-		r := m.publishLocked(exchange, data, &pc, nil, false)
-		m.mu.RUnlock()
+		r := m.publish(exchange, data, &pc, nil, false)
 		if r.room == nil {
 			settleEvicted(r.evicted)
 			return r.err
@@ -58,19 +58,37 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 	}
 }
 
-// publishDead publishes a dead-lettered message. It never blocks: a full
-// queue refuses it whatever its overflow, and it goes on while the MQ stops.
+// publishOnEngine is PublishContext on an engine. It holds the read lock so
+// that Stop, which takes the write lock, sees each publish completely or not
+// at all, as in memory.
+func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc *publishConfig) error {
+	if exchange == "" {
+		return fmt.Errorf("%w: exchange name", ErrEmptyName)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.state >= stateStopping {
+		return ErrStopped
+	}
+	return m.engine.Publish(ctx, Publishing{Exchange: exchange, RoutingKey: pc.routingKey, Headers: pc.headers,
+		Data: data, Expiration: pc.ttl, Delay: pc.delay})
+}
+
+// publishDead publishes a dead-lettered message with its deaths, the latest
+// first. It never blocks, and goes on while the MQ stops. Unlike a Publish it
+// is not all or nothing, as RabbitMQ's dead-lettering is not: a target queue
+// that is full or closed, or that the message would cycle through (see
+// isCycle), does not get its copy, and the others do. It fails only when no
+// queue gets the message.
 func (m *MQ) publishDead(exchange string, data any, key string, headers map[string]any, deaths []Death) error {
 	pc := publishConfig{routingKey: key, headers: headers}
-	m.mu.RLock()
-	r := m.publishLocked(exchange, data, &pc, deaths, true)
-	m.mu.RUnlock()
+	r := m.publish(exchange, data, &pc, deaths, true)
 	settleEvicted(r.evicted)
 	return r.err
 }
 
-// publishResult is what publishLocked did: err, or wait on room and try
-// again, or dead-letter the messages that DropHead evicted.
+// publishResult is what publish did: err, or wait on room and try again, or
+// dead-letter the messages that DropHead evicted.
 type publishResult struct {
 	err     error
 	room    <-chan struct{}
@@ -89,15 +107,21 @@ func settleEvicted(evs []eviction) {
 	}
 }
 
-// publishLocked routes and enqueues under the read lock, so that Stop, which
-// takes the write lock, sees each publish either completely or not at all.
-// internal publishes (dead letters) go on while the MQ stops.
-func (m *MQ) publishLocked(name string, data any, pc *publishConfig, deaths []Death, internal bool) publishResult {
+// publish routes and enqueues under the read lock, so that Stop, which takes
+// the write lock, sees each publish either completely or not at all.
+// internal publishes (dead letters) go on while the MQ stops. Filters are
+// user code and may call back into the MQ, so they run without the lock: the
+// message is routed, the lock released while the filters decide, and the
+// queues they kept then take it under the lock again.
+func (m *MQ) publish(name string, data any, pc *publishConfig, deaths []Death, internal bool) publishResult {
+	m.mu.RLock()
 	if !internal && m.state >= stateStopping {
+		m.mu.RUnlock()
 		return publishResult{err: ErrStopped}
 	}
 	ex := m.exchanges[name]
 	if ex == nil {
+		m.mu.RUnlock()
 		return publishResult{err: fmt.Errorf("%w: %q", ErrUnknownExchange, name)}
 	}
 	var qbuf [8]*queue
@@ -107,124 +131,152 @@ func (m *MQ) publishLocked(name string, data any, pc *publishConfig, deaths []De
 	// Follow alternate exchanges; a cycle ends after every exchange was tried.
 	for cur, hops := ex, 0; cur != nil && hops <= len(m.exchanges); hops++ {
 		dst := cur.route(pc.routingKey, pc.headers, qbuf[:0])
+		if internal && len(dst) > 0 && deaths[0].Reason != ReasonRejected {
+			dst = slices.DeleteFunc(dst, func(q *queue) bool { return isCycle(deaths, q.name) })
+			if len(dst) == 0 {
+				m.mu.RUnlock()
+				return publishResult{err: errDeadLetterCycle}
+			}
+		}
 		msgs := mbuf[:0]
-		n := 0
+		filtered := false
 		for _, q := range dst {
 			if plain && q.takesShared() {
-				dst[n] = q
 				msgs = append(msgs, ex.proto)
-				n++
 				continue
 			}
-			msg := &Msg{Exchange: ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: data, Deaths: deaths}
-			if q.filter != nil {
-				keep, err := runFilter(q.filter, msg)
-				if err != nil {
-					return publishResult{err: err}
-				}
-				if !keep {
-					continue
-				}
-			}
-			dst[n] = q
-			msgs = append(msgs, msg)
-			n++
+			msgs = append(msgs, &Msg{Exchange: ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: data, Deaths: deaths})
+			filtered = filtered || q.cfg.filter != nil
 		}
-		if n > 0 {
-			return enqueue(ex, dst[:n], msgs, data, pc, internal)
+		if filtered {
+			m.mu.RUnlock()
+			n, err := runFilters(dst, msgs)
+			m.mu.RLock()
+			if err != nil {
+				m.mu.RUnlock()
+				return publishResult{err: err}
+			}
+			if !internal && m.state >= stateStopping {
+				m.mu.RUnlock()
+				return publishResult{err: ErrStopped}
+			}
+			dst, msgs = dst[:n], msgs[:n]
+		}
+		if len(dst) > 0 {
+			r := enqueue(ex, dst, msgs, data, pc, internal)
+			m.mu.RUnlock()
+			return r
 		}
 		if cur.cfg.alternate == "" {
 			break
 		}
 		cur = m.exchanges[cur.cfg.alternate]
 	}
+	m.mu.RUnlock()
 	ex.unroutable.Add(1)
 	return publishResult{err: fmt.Errorf("%w: exchange %q, routing key %q", ErrNoRoute, name, pc.routingKey)}
 }
 
-// enqueue accepts msgs[i] into dst[i], all or none. The one exception: a dead
-// letter published while Shutdown's deadline is aborting the queues may reach
-// some of them before it meets a closed one; it then counts as dropped.
+// runFilters keeps, at the front of dst and msgs, the queues whose filter (if
+// any) keeps the message, and returns how many. A panic in a filter is
+// returned as an error.
+func runFilters(dst []*queue, msgs []*Msg) (int, error) {
+	n := 0
+	for i, q := range dst {
+		if q.cfg.filter != nil {
+			keep, err := runFilter(q.cfg.filter, msgs[i])
+			if err != nil {
+				return 0, err
+			}
+			if !keep {
+				continue
+			}
+		}
+		dst[n], msgs[n] = q, msgs[i]
+		n++
+	}
+	return n, nil
+}
+
+// enqueue accepts msgs[i] into dst[i]: all or none for a publish, every queue
+// that can take it for a dead letter.
 func enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, internal bool) publishResult {
 	timed := pc.delay > 0 || pc.ttl > 0
 	bounded := false
 	for _, q := range dst {
-		timed = timed || q.ttl > 0
-		bounded = bounded || q.maxLen > 0
+		timed = timed || q.cfg.ttl > 0
+		bounded = bounded || q.cfg.maxLen > 0
 	}
 	var now time.Time
 	if timed {
 		now = time.Now()
 	}
-	if !bounded && pc.delay == 0 {
+	if !bounded && pc.delay == 0 && !internal {
 		// The common case: no queue can refuse the message (they close only
-		// after Stop took the write lock, or when aborted), so one queue at a
-		// time will do.
+		// after Stop took the write lock, or when aborted, and then a publish
+		// is refused before it gets here), so one queue at a time will do.
 		id := ex.seq.Add(1)
 		for i, q := range dst {
-			e := newEntry(msgs[i], id, data)
-			q.mu.Lock()
-			if q.closed {
-				q.mu.Unlock()
-				return publishResult{err: ErrStopped}
-			}
-			_, wake := q.enqueueLocked(e, now, 0, pc.ttl)
-			q.mu.Unlock()
-			if wake {
-				q.cond.Signal()
+			if err := q.accept(newEntry(msgs[i], id, data), now, pc.ttl); err != nil {
+				return publishResult{err: err}
 			}
 		}
 		return publishResult{}
 	}
-	return enqueueBounded(ex, dst, msgs, data, pc, now, internal)
+	return enqueueLocked(ex, dst, msgs, data, pc, now, internal)
 }
 
-// enqueueBounded is enqueue where a queue may refuse the message: it locks
-// every queue (in id order, the one order all multi-queue lockers use), checks
-// their limits, then stamps the ID and enqueues.
-func enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, now time.Time, internal bool) publishResult {
+// enqueueLocked is enqueue where a queue may refuse the message: it locks
+// every queue (in id order, the one order all multi-queue lockers use),
+// checks that each can take it, then stamps the ID and enqueues. A publish
+// refused by one queue is refused by all; a dead letter skips the queues that
+// refuse it.
+func enqueueLocked(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, now time.Time, internal bool) publishResult {
 	sortByID(dst, msgs)
 	for _, q := range dst {
 		q.mu.Lock()
 	}
-	unlockAll := func() {
+	n := 0
+	var refused error
+	for i, q := range dst {
+		room, err := q.admitLocked(internal)
+		if err == nil && room == nil {
+			dst[n], msgs[n] = q, msgs[i]
+			n++
+			continue
+		}
+		if internal {
+			refused = err
+			q.mu.Unlock()
+			continue
+		}
 		for _, q := range dst {
 			q.mu.Unlock()
 		}
+		return publishResult{err: err, room: room}
 	}
-	for _, q := range dst {
-		if q.closed {
-			unlockAll()
-			return publishResult{err: ErrStopped}
-		}
-		if !q.fullLocked() || q.overflow == DropHead {
-			continue
-		}
-		if q.overflow == Block && !internal {
-			room := q.roomLocked()
-			unlockAll()
-			return publishResult{room: room}
-		}
-		unlockAll()
-		q.c.rejected.Add(1)
-		return publishResult{err: fmt.Errorf("%w: %q", ErrQueueFull, q.name)}
+	dst, msgs = dst[:n], msgs[:n]
+	if len(dst) == 0 {
+		return publishResult{err: refused}
 	}
 	id := ex.seq.Add(1)
 	var res publishResult
 	var wbuf [8]bool
-	wake := wbuf[:0]
+	var xbuf [8]int64
+	wake, expiry := wbuf[:0], xbuf[:0]
 	for i, q := range dst {
 		ev, w := q.enqueueLocked(newEntry(msgs[i], id, data), now, pc.delay, pc.ttl)
 		if ev != nil {
 			res.evicted = append(res.evicted, eviction{q, ev})
 		}
 		wake = append(wake, w)
+		expiry = append(expiry, q.armExpiryLocked())
 	}
-	unlockAll()
+	for _, q := range dst {
+		q.mu.Unlock()
+	}
 	for i, q := range dst {
-		if wake[i] {
-			q.cond.Signal()
-		}
+		q.wakeAfter(wake[i], expiry[i])
 		if pc.delay > 0 && !evictedSelf(res.evicted, msgs[i]) {
 			q.mq.sched.add(now.Add(pc.delay), q, msgs[i])
 		}
@@ -272,20 +324,4 @@ func runFilter(keep func(*Msg) bool, msg *Msg) (ok bool, err error) {
 		}
 	}()
 	return keep(msg), nil
-}
-
-// publishOnEngine is PublishContext on an engine. It holds the read lock so
-// that Stop, which takes the write lock, sees each publish completely or not
-// at all, as in memory.
-func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc *publishConfig) error {
-	if exchange == "" {
-		return fmt.Errorf("%w: exchange name", ErrEmptyName)
-	}
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	if m.state >= stateStopping {
-		return ErrStopped
-	}
-	return m.engine.Publish(ctx, Publishing{Exchange: exchange, RoutingKey: pc.routingKey, Headers: pc.headers,
-		Data: data, Expiration: pc.ttl, Delay: pc.delay})
 }

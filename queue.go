@@ -1,7 +1,8 @@
 package tinymq
 
 import (
-	"log/slog"
+	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,6 +11,8 @@ import (
 const (
 	// maxBatch is the most messages a worker takes under one lock.
 	maxBatch = 64
+	// MaxConcurrency is the most workers one queue may have.
+	MaxConcurrency = 4096
 	// abortBit marks queue.begun once Shutdown's deadline has passed.
 	abortBit = 1 << 63
 	// sampleEvery: a worker times one consumer call in sampleEvery, its first
@@ -38,7 +41,7 @@ type entry struct {
 // the Msg before enqueue), no TTL (enqueueLocked stamps expires on the Msg)
 // and no length limit (eviction dead-letters the Msg).
 func (q *queue) takesShared() bool {
-	return q.filter == nil && q.ttl == 0 && q.maxLen == 0
+	return q.cfg.filter == nil && q.cfg.ttl == 0 && q.cfg.maxLen == 0
 }
 
 // msg returns the Msg to deliver for e, allocating it for a plain entry.
@@ -102,24 +105,38 @@ func (f *fifo) pop(dst []entry, k int) []entry {
 	return dst
 }
 
+// peek returns the oldest entry, or nil when f is empty.
+func (f *fifo) peek() *entry {
+	if f.n == 0 {
+		return nil
+	}
+	return &f.head.entries[f.hi]
+}
+
 // clear drops every message and chunk.
 func (f *fifo) clear() {
 	*f = fifo{}
 }
 
 // queue is a named buffer drained by a fixed pool of workers.
+//
+// A worker takes a batch of entries under mu and then claims them one at a
+// time with an atomic add, without the lock. Until claimed, an entry still
+// waits: it counts in Depth, and a worker that finds buf empty steals it
+// (under mu) rather than sleep, so a slow message never holds back the
+// messages taken with it while another worker is idle.
 type queue struct {
 	id          int
 	name        string
 	consumer    ConsumerFunc
 	concurrency int
+	cfg         queueConfig
 	mq          *MQ
-	log         *slog.Logger
-	queueConfig
 
 	mu        sync.Mutex
 	cond      sync.Cond // L is &mu; signalled once per parked worker to wake
 	buf       fifo
+	workers   []*worker     // one per worker slot, for stealing and counting
 	idle      int           // workers parked in cond.Wait and not yet signalled
 	busy      int           // workers holding a batch
 	scheduled int           // messages waiting in the scheduler for a delay or a retry
@@ -129,11 +146,13 @@ type queue struct {
 	room      chan struct{} // closed when there may be room (Block publishers wait on it)
 	accepted  uint64        // messages published into the queue
 	entered   uint64        // entries into buf or the scheduler: accepted messages and retries
+	expiryAt  int64         // when the scheduler checks the head for expiry; 0: no check pending
+	abortLost uint64        // what abort counted as undelivered, for drain to log
 
 	// The workers' counters below get a cache line of their own, away from
 	// the fields publishers write under mu.
 	_     [64]byte
-	begun atomic.Uint64 // entries that workers took out of buf; abortBit once aborted
+	begun atomic.Uint64 // entries that left buf or a batch to be handled; abortBit once aborted
 	c     queueCounters
 	hist  histogram
 }
@@ -144,18 +163,35 @@ type queueCounters struct {
 	rejected, dropped, undelivered        atomic.Uint64
 }
 
+// worker is one worker slot of a queue: its batch and its claim cursor. A
+// goroutine runs it (see run); if a consumer ends that goroutine with
+// runtime.Goexit, another takes over the same slot.
+type worker struct {
+	q     *queue
+	batch [maxBatch]entry
+	n     int          // entries in batch; written by the owner under q.mu
+	next  atomic.Int32 // next unclaimed index: owner claims without q.mu, thieves under it
+	held  bool         // the owner counts in q.busy
+	calls int          // consumer calls, for sampling their duration
+}
+
 func newQueue(id int, name string, consumer ConsumerFunc, concurrency int, cfg queueConfig, mq *MQ) *queue {
-	q := &queue{id: id, name: name, consumer: consumer, concurrency: concurrency, mq: mq, log: mq.log, queueConfig: cfg}
-	if q.retry.MaxAttempts == 0 {
-		q.retry.MaxAttempts = 1
+	q := &queue{id: id, name: name, consumer: consumer, concurrency: concurrency, mq: mq, cfg: cfg}
+	if q.cfg.retry.MaxAttempts == 0 {
+		q.cfg.retry.MaxAttempts = 1
 	}
 	q.cond.L = &q.mu
+	q.workers = make([]*worker, concurrency)
+	for i := range q.workers {
+		q.workers[i] = &worker{q: q}
+	}
 	return q
 }
 
-// fullLocked reports whether the queue is at its length limit. q.mu is held.
+// fullLocked reports whether the queue is at its length limit. Bounded queues
+// take one message at a time, so no batch holds waiting messages. q.mu is held.
 func (q *queue) fullLocked() bool {
-	return q.maxLen > 0 && q.buf.n+q.scheduled >= q.maxLen
+	return q.cfg.maxLen > 0 && q.buf.n+q.scheduled >= q.cfg.maxLen
 }
 
 // roomLocked returns a channel closed when the queue may have room. q.mu is held.
@@ -174,6 +210,50 @@ func (q *queue) freeRoomLocked() {
 	}
 }
 
+// accept is the publish path's way into an unbounded queue: it enqueues e,
+// visible at now (zero when nothing has a TTL), with the message's own TTL
+// ttl. It returns ErrStopped when the queue is closed.
+func (q *queue) accept(e entry, now time.Time, ttl time.Duration) error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return ErrStopped
+	}
+	_, wake := q.enqueueLocked(e, now, 0, ttl)
+	expiry := q.armExpiryLocked()
+	q.mu.Unlock()
+	q.wakeAfter(wake, expiry)
+	return nil
+}
+
+// admitLocked reports whether a bounded publish may enqueue into q: nil, or
+// room to wait on (Block; never for internal publishes), or an error. q.mu is
+// held.
+func (q *queue) admitLocked(internal bool) (room <-chan struct{}, err error) {
+	if q.closed {
+		return nil, ErrStopped
+	}
+	if !q.fullLocked() || q.cfg.overflow == DropHead {
+		return nil, nil
+	}
+	if q.cfg.overflow == Block && !internal {
+		return q.roomLocked(), nil
+	}
+	q.c.rejected.Add(1)
+	return nil, fmt.Errorf("%w: %q", ErrQueueFull, q.name)
+}
+
+// wakeAfter does what an enqueue asked for once q.mu is released: wake a
+// parked worker, and have the scheduler check the head for expiry.
+func (q *queue) wakeAfter(wake bool, expiry int64) {
+	if wake {
+		q.cond.Signal()
+	}
+	if expiry != 0 {
+		q.mq.sched.add(time.Unix(0, expiry), q, nil)
+	}
+}
+
 // enqueueLocked accepts e, which the caller made visible at now (zero when the
 // queue has no TTL and e no delay). q.mu is held, the queue is open, and a
 // limit other than DropHead has room. A delayed e is only counted here: the
@@ -184,9 +264,7 @@ func (q *queue) freeRoomLocked() {
 func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) (evicted *Msg, wake bool) {
 	if q.fullLocked() { // DropHead
 		if q.buf.n > 0 {
-			var one [1]entry
-			evicted = q.buf.pop(one[:0], 1)[0].msg(q.name)
-			q.begun.Add(1) // it left buf without a worker
+			evicted = q.popLocked().msg(q.name)
 		} else {
 			// Every message waits in the scheduler: the newcomer is the one to go.
 			q.accepted++
@@ -195,11 +273,11 @@ func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) 
 	}
 	q.accepted++
 	q.entered++
-	if q.ttl > 0 && (ttl == 0 || q.ttl < ttl) {
-		ttl = q.ttl
+	if q.cfg.ttl > 0 && (ttl == 0 || q.cfg.ttl < ttl) {
+		ttl = q.cfg.ttl
 	}
 	if ttl > 0 {
-		e.m.expires = now.Add(delay + ttl).UnixNano()
+		e.m.expires = deadline(now, sat(delay, ttl))
 	}
 	if delay > 0 {
 		q.scheduled++
@@ -213,36 +291,195 @@ func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) 
 	return evicted, wake
 }
 
-// take waits for messages and appends up to a fair share of them (at most
-// maxBatch) to dst. held says the worker is done with its previous batch. It
-// reports false once the queue is closed and empty.
-func (q *queue) take(dst []entry, held bool) ([]entry, bool) {
+// popLocked takes the head of buf for something other than a worker (an
+// eviction, an expiry), counting it as begun. q.mu is held; buf is not empty.
+func (q *queue) popLocked() entry {
+	var one [1]entry
+	e := q.buf.pop(one[:0], 1)[0]
+	q.begun.Add(1)
+	return e
+}
+
+// sat returns a+b for non-negative durations, saturating instead of
+// overflowing.
+func sat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// deadline returns now+d in Unix nanoseconds, saturating at MaxInt64 (the
+// year 2262) instead of overflowing into the past.
+func deadline(now time.Time, d time.Duration) int64 {
+	n := now.UnixNano()
+	if d > 0 && n > math.MaxInt64-int64(d) {
+		return math.MaxInt64
+	}
+	return n + int64(d)
+}
+
+// expiresAt is when e expires, or 0.
+func (e *entry) expiresAt() int64 {
+	if e.m.shared {
+		return 0
+	}
+	return e.m.expires
+}
+
+// armExpiryLocked returns when the scheduler should check the head of buf
+// for expiry, if it must be told: the head has a deadline earlier than any
+// check already pending. q.mu is held.
+func (q *queue) armExpiryLocked() int64 {
+	h := q.buf.peek()
+	if h == nil {
+		return 0
+	}
+	at := h.expiresAt()
+	if at == 0 || (q.expiryAt != 0 && q.expiryAt <= at) {
+		return 0
+	}
+	q.expiryAt = at
+	return at
+}
+
+// expireHead dead-letters the expired messages at the head of buf, as
+// RabbitMQ does when a message's TTL passes at the head of its queue, even
+// while every consumer is busy. The scheduler calls it.
+func (q *queue) expireHead() {
+	now := time.Now().UnixNano()
+	var dead []*Msg
 	q.mu.Lock()
-	if held {
+	q.expiryAt = 0
+	for !q.aborted {
+		h := q.buf.peek()
+		if h == nil || h.expiresAt() == 0 || h.expiresAt() > now {
+			break
+		}
+		dead = append(dead, q.popLocked().m)
+	}
+	if len(dead) > 0 {
+		q.freeRoomLocked()
+	}
+	expiry := q.armExpiryLocked()
+	q.mu.Unlock()
+	q.wakeAfter(false, expiry)
+	for _, m := range dead {
+		q.c.expired.Add(1)
+		q.deadLetter(m, ReasonExpired, m.lastErr)
+	}
+}
+
+// take gives worker w its next entry: it refills w's batch from buf, or
+// steals an entry another worker has not claimed yet, or waits. It reports
+// false once the queue is closed and empty.
+func (q *queue) take(w *worker) (entry, bool) {
+	q.mu.Lock()
+	if w.held {
+		w.held = false
 		q.busy--
 		q.reportIfQuiescentLocked()
 	}
-	for q.buf.n == 0 {
+	for {
+		if q.buf.n > 0 {
+			e := q.refillLocked(w)
+			q.freeRoomLocked()
+			wake := q.buf.n > 0 && q.idle > 0
+			if wake {
+				q.idle--
+			}
+			expiry := q.armExpiryLocked()
+			q.mu.Unlock()
+			q.wakeAfter(wake, expiry)
+			return e, true
+		}
+		if e, ok := q.stealLocked(); ok {
+			w.held = true
+			q.busy++
+			q.mu.Unlock()
+			return e, true
+		}
 		if q.closed {
 			q.mu.Unlock()
-			return dst, false
+			return entry{}, false
 		}
 		q.idle++
 		q.cond.Wait()
 	}
-	k := min(max(q.buf.n/q.concurrency, 1), maxBatch)
-	dst = q.buf.pop(dst, k)
+}
+
+// refillLocked fills w's batch with a fair share of buf and claims its first
+// entry. A batch ends before a message with a deadline, unless that message
+// comes first, so that no message can expire while it sits in a batch;
+// queues with a TTL or a length limit take one message at a time, so that
+// their counts are exact. q.mu is held and buf is not empty.
+func (q *queue) refillLocked(w *worker) entry {
+	k := 1
+	if q.cfg.ttl == 0 && q.cfg.maxLen == 0 {
+		k = min(max(q.buf.n/q.concurrency, 1), maxBatch)
+	}
+	n := 0
+	for n < k && q.buf.n > 0 {
+		if n > 0 && q.buf.peek().expiresAt() != 0 {
+			break
+		}
+		var one [1]entry
+		w.batch[n] = q.buf.pop(one[:0], 1)[0]
+		n++
+	}
+	w.n = n
+	w.next.Store(1)
+	w.held = true
 	q.busy++
-	q.freeRoomLocked()
-	wake := q.buf.n > 0 && q.idle > 0
-	if wake {
-		q.idle--
+	e := w.batch[0]
+	w.batch[0] = entry{}
+	return e
+}
+
+// claim takes the next entry of w's own batch, without the lock.
+func (w *worker) claim() (entry, bool) {
+	i := int(w.next.Add(1)) - 1
+	if i >= w.n {
+		return entry{}, false
 	}
-	q.mu.Unlock()
-	if wake {
-		q.cond.Signal()
+	e := w.batch[i]
+	w.batch[i] = entry{}
+	return e, true
+}
+
+// stealLocked claims an entry that another worker took but has not begun.
+// q.mu is held.
+func (q *queue) stealLocked() (entry, bool) {
+	for _, o := range q.workers {
+		if o.n-int(o.next.Load()) <= 0 {
+			continue
+		}
+		if i := int(o.next.Add(1)) - 1; i < o.n {
+			e := o.batch[i]
+			o.batch[i] = entry{}
+			return e, true
+		}
 	}
-	return dst, true
+	return entry{}, false
+}
+
+// batchedLocked counts the entries taken into batches and not claimed yet:
+// they still wait. q.mu is held.
+func (q *queue) batchedLocked() int {
+	n := 0
+	for _, w := range q.workers {
+		n += max(w.n-int(w.next.Load()), 0)
+	}
+	return n
+}
+
+// drop forgets w's unclaimed entries: abort has counted them undelivered.
+func (w *worker) drop() {
+	for {
+		if _, ok := w.claim(); !ok {
+			return
+		}
+	}
 }
 
 // reportIfQuiescentLocked tells a stopping MQ that this queue has nothing left
@@ -263,20 +500,43 @@ func (q *queue) quiescentLocked() bool {
 // release moves a message that the scheduler found due into buf.
 func (q *queue) release(m *Msg) {
 	q.mu.Lock()
-	q.scheduled--
-	if q.aborted { // abort counted it as undelivered
+	if q.aborted { // abort counted it as undelivered and zeroed scheduled
 		q.mu.Unlock()
 		return
 	}
+	q.scheduled--
 	q.buf.push(entry{m: m})
 	wake := q.idle > 0
 	if wake {
 		q.idle--
 	}
+	expiry := q.armExpiryLocked()
 	q.mu.Unlock()
-	if wake {
-		q.cond.Signal()
+	q.wakeAfter(wake, expiry)
+}
+
+// schedule counts a retry of m, due after backoff, in the queue and hands it
+// to the scheduler. A queue at its length limit makes room as a publish
+// would: DropHead evicts its oldest ready message; otherwise the retry itself
+// cannot wait and is returned as overflow. After abort it is undelivered.
+func (q *queue) schedule(m *Msg, backoff time.Duration) (evicted, overflow *Msg, aborted bool) {
+	q.mu.Lock()
+	if q.aborted {
+		q.mu.Unlock()
+		return nil, nil, true
 	}
+	if q.fullLocked() {
+		if q.cfg.overflow != DropHead || q.buf.n == 0 {
+			q.mu.Unlock()
+			return nil, m, false
+		}
+		evicted = q.popLocked().msg(q.name)
+	}
+	q.scheduled++
+	q.entered++
+	q.mu.Unlock()
+	q.mq.sched.add(time.Now().Add(backoff), q, m)
+	return evicted, nil, false
 }
 
 // stop marks the queue as stopping and wakes the publishers waiting for room,
@@ -297,23 +557,29 @@ func (q *queue) close() {
 	q.cond.Broadcast()
 }
 
-// abort closes the queue and drops what no worker has begun to deliver, in buf
-// and in the scheduler. It returns how many entries will never reach the
-// consumer, and how many messages are in the consumer now.
+// abort closes the queue and drops what no worker has begun to deliver: in
+// buf, in batches, and in the scheduler. It returns how many entries will
+// never reach the consumer, and how many messages are in the consumer now.
+// The abort bit is set under q.mu, so that an eviction or expiry (which
+// count as begun under q.mu) is counted either as begun or as undelivered,
+// never both.
 func (q *queue) abort() (undelivered, running uint64) {
-	begun := q.begun.Or(abortBit) &^ abortBit
 	q.mu.Lock()
 	if q.aborted {
 		q.mu.Unlock()
 		return 0, 0
 	}
+	begun := q.begun.Or(abortBit) &^ abortBit
 	q.aborted, q.closed = true, true
 	q.buf.clear()
+	q.scheduled = 0
 	q.idle = 0
 	q.freeRoomLocked()
 	undelivered = q.entered - begun
+	q.abortLost = undelivered
 	q.mu.Unlock()
 	q.cond.Broadcast()
+	q.mq.sched.dropQueue(q)
 	q.c.undelivered.Add(undelivered)
 	return undelivered, q.inFlight()
 }
@@ -327,8 +593,8 @@ func (q *queue) inFlight() uint64 {
 	return 0
 }
 
-// begin counts an entry as taken out of buf by a worker; false once aborted.
-// After abort the count goes on rising, unread, below abortBit.
+// begin counts an entry as taken to be handled; false once aborted. After
+// abort the count goes on rising, unread, below abortBit.
 func (q *queue) begin() bool {
 	return q.begun.Add(1)&abortBit == 0
 }

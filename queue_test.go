@@ -96,15 +96,59 @@ func TestBatchIsAFairShare(t *testing.T) {
 	for i := range 400 {
 		q.buf.push(entry{m: &Msg{ID: uint64(i)}})
 	}
-	take := func() []entry {
-		b, ok := q.take(nil, false)
+	take := func() int {
+		w := q.workers[0]
+		_, ok := q.take(w)
 		require.True(t, ok)
-		return b
+		n := w.n
+		w.drop()
+		return n
 	}
-	assert.Len(t, take(), maxBatch, "never more than maxBatch under one lock")
+	assert.Equal(t, maxBatch, take(), "never more than maxBatch under one lock")
 	for q.buf.n > 8 {
 		take()
 	}
-	assert.Len(t, take(), 2, "a quarter of what is left with 4 workers")
-	assert.Len(t, take(), 1, "at least one")
+	assert.Equal(t, 2, take(), "a quarter of what is left with 4 workers")
+	assert.Equal(t, 1, take(), "at least one")
+}
+
+func TestBatchStopsBeforeAMessageWithADeadline(t *testing.T) {
+	q := newQueue(0, "q", nil, 1, queueConfig{}, New())
+	for i := range 10 {
+		m := &Msg{ID: uint64(i)}
+		if i == 3 || i == 4 {
+			m.expires = 1
+		}
+		q.buf.push(entry{m: m})
+	}
+	w := q.workers[0]
+	_, ok := q.take(w)
+	require.True(t, ok)
+	assert.Equal(t, 3, w.n, "the batch ends before the first message with a deadline")
+	w.drop()
+	_, ok = q.take(w)
+	require.True(t, ok)
+	assert.Equal(t, 1, w.n, "a message with a deadline is taken alone when it comes first")
+}
+
+func TestIdleWorkerStealsFromABatch(t *testing.T) {
+	q := newQueue(0, "q", nil, 2, queueConfig{}, New())
+	for i := range 8 {
+		q.buf.push(entry{m: &Msg{ID: uint64(i)}})
+	}
+	a, b := q.workers[0], q.workers[1]
+	e, ok := q.take(a) // a takes a fair share (4) and claims the first
+	require.True(t, ok)
+	assert.Equal(t, uint64(0), e.m.ID)
+	q.buf.pop(nil, q.buf.n) // others took the rest
+	q.mu.Lock()
+	assert.Equal(t, 3, q.batchedLocked(), "a's unclaimed messages still wait")
+	q.mu.Unlock()
+	// a is stuck in a consumer; b finds buf empty and takes a's next message.
+	e, ok = q.take(b)
+	require.True(t, ok)
+	assert.Equal(t, uint64(1), e.m.ID, "the idle worker runs the message the busy one held")
+	e, ok = a.claim()
+	require.True(t, ok)
+	assert.Equal(t, uint64(2), e.m.ID, "the owner goes on with what is left")
 }

@@ -7,8 +7,11 @@ import (
 )
 
 // scheduler holds the messages that wait for a delay or a retry backoff, and
-// moves each into its queue when due. One goroutine, run, owns the timer; it is
-// started by Start and joined by Stop.
+// moves each into its queue when due; it also wakes queues whose head message
+// expires (an item with no message). One goroutine, run, owns the timer; it
+// is started by Start and joined by Stop. Its lock is never held with a
+// queue's: run releases it before it calls into a queue, and queues call add
+// after releasing theirs.
 type scheduler struct {
 	mu    sync.Mutex
 	items schedHeap
@@ -18,7 +21,7 @@ type scheduler struct {
 type schedItem struct {
 	due time.Time
 	q   *queue
-	m   *Msg
+	m   *Msg // nil: check q's head for expiry
 }
 
 type schedHeap []schedItem
@@ -39,12 +42,12 @@ func newScheduler() *scheduler {
 	return &scheduler{wake: make(chan struct{}, 1)}
 }
 
-// add schedules m to move into q at due. The caller has counted it in
-// q.scheduled.
+// add schedules m to move into q at due, or, with a nil m, q's head to be
+// checked for expiry at due. The caller has counted m in q.scheduled.
 func (s *scheduler) add(due time.Time, q *queue, m *Msg) {
 	s.mu.Lock()
+	first := len(s.items) == 0 || due.Before(s.items[0].due)
 	heap.Push(&s.items, schedItem{due: due, q: q, m: m})
-	first := s.items[0].m == m
 	s.mu.Unlock()
 	if first {
 		select {
@@ -54,9 +57,28 @@ func (s *scheduler) add(due time.Time, q *queue, m *Msg) {
 	}
 }
 
+// dropQueue forgets every item of q, which Shutdown's deadline aborted.
+func (s *scheduler) dropQueue(q *queue) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := s.items[:0]
+	for _, it := range s.items {
+		if it.q != q {
+			kept = append(kept, it)
+		}
+	}
+	clear(s.items[len(kept):])
+	s.items = kept
+	heap.Init(&s.items)
+}
+
 // run releases due messages until quit is closed.
-func (s *scheduler) run(quit <-chan struct{}, wg *sync.WaitGroup) {
-	defer wg.Done()
+func (s *scheduler) run(quit <-chan struct{}, wg *sync.WaitGroup, own *owned) {
+	id := own.enter()
+	defer func() {
+		own.leave(id)
+		wg.Done()
+	}()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var due []schedItem
@@ -72,7 +94,11 @@ func (s *scheduler) run(quit <-chan struct{}, wg *sync.WaitGroup) {
 		}
 		s.mu.Unlock()
 		for i, it := range due {
-			it.q.release(it.m)
+			if it.m == nil {
+				it.q.expireHead()
+			} else {
+				it.q.release(it.m)
+			}
 			due[i] = schedItem{}
 		}
 		due = due[:0]

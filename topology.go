@@ -67,9 +67,9 @@ func (m *MQ) Topology() Topology {
 	}
 	slices.SortFunc(t.Exchanges, func(a, b ExchangeInfo) int { return strings.Compare(a.Name, b.Name) })
 	for _, q := range m.order {
-		t.Queues = append(t.Queues, QueueInfo{Name: q.name, Concurrency: q.concurrency, MaxAttempts: q.retry.MaxAttempts,
-			MessageTTL: q.ttl, MaxLen: q.maxLen, Overflow: q.overflow,
-			DeadLetterExchange: q.dlx, DeadLetterKey: q.dlxKey, Filtered: q.filter != nil})
+		t.Queues = append(t.Queues, QueueInfo{Name: q.name, Concurrency: q.concurrency, MaxAttempts: q.cfg.retry.MaxAttempts,
+			MessageTTL: q.cfg.ttl, MaxLen: q.cfg.maxLen, Overflow: q.cfg.overflow,
+			DeadLetterExchange: q.cfg.dlx, DeadLetterKey: q.cfg.dlxKey, Filtered: q.cfg.filter != nil})
 	}
 	return t
 }
