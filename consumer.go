@@ -158,7 +158,7 @@ func (q *queue) settle(m *Msg, err error) {
 	}
 	q.c.failed.Add(1)
 	m.lastErr = err
-	if m.Attempt < q.cfg.retry.MaxAttempts && !errors.Is(err, ErrPermanent) {
+	if m.Attempt < q.cfg.retry.MaxAttempts && !safeIs(err, ErrPermanent) {
 		q.retryLater(m, err)
 		return
 	}
@@ -271,6 +271,29 @@ func isCycle(deaths []Death, queue string) bool {
 	return false
 }
 
+// safeIs is errors.Is(err, target) for a consumer's error, whose Is and
+// Unwrap methods are user code: a panic in them counts as no match.
+func safeIs(err, target error) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return errors.Is(err, target)
+}
+
+// panicOf returns the *PanicError in err's chain, or nil (also when the
+// chain's methods panic).
+func panicOf(err error) (pe *PanicError) {
+	defer func() {
+		if recover() != nil {
+			pe = nil
+		}
+	}()
+	errors.As(err, &pe)
+	return pe
+}
+
 // errorText returns err.Error(), or a description if that panics.
 func errorText(err error) (s string) {
 	defer func() {
@@ -291,8 +314,7 @@ func (q *queue) logFailure(m *Msg, err error, level slog.Level, msg string, extr
 			slog.Int("attempt", m.Attempt))
 		if err != nil {
 			attrs = append(attrs, slog.String("err", errorText(err)))
-			var pe *PanicError
-			if errors.As(err, &pe) {
+			if pe := panicOf(err); pe != nil {
 				attrs = append(attrs, slog.String("stack", string(pe.Stack)))
 			}
 		}

@@ -60,11 +60,16 @@ func (p RetryPolicy) normalize() (RetryPolicy, error) {
 // The policy must be normalized.
 func (p RetryPolicy) backoff(attempt int) time.Duration {
 	d := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(attempt-1))
-	if d >= float64(p.MaxBackoff) || math.IsInf(d, 0) {
+	if d >= float64(p.MaxBackoff) || math.IsInf(d, 0) || math.IsNaN(d) {
 		d = float64(p.MaxBackoff)
 	}
 	if p.Jitter > 0 {
 		d -= d * p.Jitter * rand.Float64()
+	}
+	// float64(MaxInt64) rounds up to 2^63, which does not convert back to a
+	// Duration: saturate rather than wrap around to a negative wait.
+	if d >= math.MaxInt64 {
+		return p.MaxBackoff
 	}
 	return time.Duration(d)
 }

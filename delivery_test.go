@@ -21,15 +21,6 @@ import (
 // These tests run in a synctest bubble where they need time: backoffs, TTLs
 // and delays pass on a fake clock, exactly and at once.
 
-// deadLetters registers a fanout exchange "dlx" with one queue collecting
-// everything dead-lettered into it.
-func deadLetters(t *testing.T, m *tinymq.MQ) <-chan *tinymq.Msg {
-	t.Helper()
-	ch := make(chan *tinymq.Msg, 1000)
-	require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, sink(ch), 1, tinymq.WithQueueName("dead")))
-	return ch
-}
-
 func TestRetryBackoffIsExponentialCappedAndDeadLetters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()

@@ -1,0 +1,668 @@
+package tinymq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinymq/tinymq"
+)
+
+// cyclic values: a map and a slice that hold themselves.
+func cyclicMap() map[string]any {
+	m := map[string]any{"a": 1}
+	m["self"] = m
+	return m
+}
+
+func cyclicSlice() []any {
+	s := []any{1, nil}
+	s[1] = s
+	return s
+}
+
+func deep(n int) any {
+	var v any = 1
+	for range n {
+		v = []any{v}
+	}
+	return v
+}
+
+// Every exported function and option, fed nil, zero, negative, huge, cyclic
+// and malformed values, returns a sentinel error or is accepted as
+// documented; none panics.
+func TestBadInputNeverPanics(t *testing.T) {
+	nop := func(context.Context, *tinymq.Msg) error { return nil }
+	var nilCtx context.Context
+	var nilOpt tinymq.Option
+	newMQ := func() *tinymq.MQ {
+		m := tinymq.New()
+		require.NoError(t, m.RegisterQueue("fan", tinymq.Fanout, nop, 1, tinymq.WithQueueName("q")))
+		require.NoError(t, m.RegisterQueue("hdr", tinymq.Headers, nop, 1, tinymq.WithQueueName("h")))
+		t.Cleanup(m.Stop)
+		return m
+	}
+	tests := []struct {
+		name string
+		call func(m *tinymq.MQ) error
+		want error // nil: documented acceptance
+	}{
+		{"New with nil options", func(*tinymq.MQ) error {
+			tinymq.New(nilOpt, tinymq.WithLogger(nil), tinymq.WithCodec(nil), tinymq.WithEngine(nil)).Stop()
+			return nil
+		}, nil},
+		{"zero MQ works", func(*tinymq.MQ) error {
+			var z tinymq.MQ
+			if err := z.RegisterQueue("e", tinymq.Fanout, nop, 1); err != nil {
+				return err
+			}
+			if err := z.Publish("e", 1); err != nil {
+				return err
+			}
+			if err := z.Start(context.Background()); err != nil {
+				return err
+			}
+			z.Stop()
+			_ = z.Stats()
+			_ = z.Topology()
+			return nil
+		}, nil},
+		{"zero MQ stopped unused", func(*tinymq.MQ) error { var z tinymq.MQ; return z.Shutdown(context.Background()) }, nil},
+		{"concurrency MaxInt", func(m *tinymq.MQ) error { return m.RegisterQueue("x", tinymq.Fanout, nop, math.MaxInt) }, tinymq.ErrInvalidConcurrency},
+		{"concurrency above MaxConcurrency", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, tinymq.MaxConcurrency+1)
+		}, tinymq.ErrInvalidConcurrency},
+		{"concurrency MinInt", func(m *tinymq.MQ) error { return m.RegisterQueue("x", tinymq.Fanout, nop, math.MinInt) }, tinymq.ErrInvalidConcurrency},
+		{"empty exchange name", func(m *tinymq.MQ) error { return m.RegisterQueue("", tinymq.Fanout, nop, 1) }, tinymq.ErrEmptyName},
+		{"nil consumer", func(m *tinymq.MQ) error { return m.RegisterQueue("x", tinymq.Fanout, nil, 1) }, tinymq.ErrNilConsumer},
+		{"Handler(nil)", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, tinymq.Handler[int](nil), 1)
+		}, tinymq.ErrNilConsumer},
+		{"kind 255", func(m *tinymq.MQ) error { return m.RegisterQueue("x", tinymq.ExchangeType(255), nop, 1) }, tinymq.ErrInvalidKind},
+		{"nil QueueOption", func(m *tinymq.MQ) error { return m.RegisterQueue("x", tinymq.Fanout, nop, 1, nil) }, tinymq.ErrInvalidOption},
+		{"nil BindingOption", func(m *tinymq.MQ) error { return m.Bind("q", "x", tinymq.Fanout, nil) }, tinymq.ErrInvalidOption},
+		{"Bind unknown queue", func(m *tinymq.MQ) error { return m.Bind("nope", "x", tinymq.Fanout) }, tinymq.ErrUnknownQueue},
+		{"Bind empty exchange", func(m *tinymq.MQ) error { return m.Bind("q", "", tinymq.Fanout) }, tinymq.ErrEmptyName},
+		{"DeclareExchange empty name", func(m *tinymq.MQ) error { return m.DeclareExchange("", tinymq.Fanout) }, tinymq.ErrEmptyName},
+		{"DeclareExchange bad kind", func(m *tinymq.MQ) error { return m.DeclareExchange("x", 0) }, tinymq.ErrInvalidKind},
+		{"DeclareExchange nil option", func(m *tinymq.MQ) error { return m.DeclareExchange("x", tinymq.Fanout, nil) }, tinymq.ErrInvalidOption},
+		{"binding key of 1 MiB", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("d", tinymq.Direct, nop, 1, tinymq.WithBindingKey(strings.Repeat("k", 1<<20)))
+		}, tinymq.ErrKeyTooLong},
+		{"cyclic binding args", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("hdr", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(cyclicMap()))
+		}, tinymq.ErrInvalidBinding},
+		{"cyclic slice in binding args", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("hdr", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"a": cyclicSlice()}))
+		}, tinymq.ErrInvalidBinding},
+		{"binding args nested 1000 deep", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("hdr", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"a": deep(1000)}))
+		}, tinymq.ErrInvalidBinding},
+		{"NaN binding arg can never match", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("hdr", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"a": math.NaN()}))
+		}, tinymq.ErrInvalidBinding},
+		{"NaN nested in a binding arg", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("hdr", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(map[string]any{"a": []any{float32(math.NaN())}}))
+		}, tinymq.ErrInvalidBinding},
+		{"nil binding args match everything", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("hdr", tinymq.Headers, nop, 1, tinymq.WithBindingArgs(nil))
+		}, nil},
+		{"cyclic headers", func(m *tinymq.MQ) error { return m.Publish("fan", 1, tinymq.WithHeaders(cyclicMap())) }, tinymq.ErrInvalidHeaders},
+		{"cyclic slice in headers", func(m *tinymq.MQ) error {
+			return m.Publish("fan", 1, tinymq.WithHeaders(map[string]any{"a": cyclicSlice()}))
+		}, tinymq.ErrInvalidHeaders},
+		{"headers nested 1000 deep", func(m *tinymq.MQ) error {
+			return m.Publish("fan", 1, tinymq.WithHeaders(map[string]any{"a": deep(1000)}))
+		}, tinymq.ErrInvalidHeaders},
+		{"headers nested 31 deep are fine", func(m *tinymq.MQ) error {
+			return m.Publish("fan", 1, tinymq.WithHeaders(map[string]any{"a": deep(31)}))
+		}, nil},
+		{"NaN header is a valid double", func(m *tinymq.MQ) error {
+			return m.Publish("hdr", 1, tinymq.WithHeaders(map[string]any{"a": math.NaN()}))
+		}, nil},
+		{"routing key of 1 MiB", func(m *tinymq.MQ) error {
+			return m.Publish("fan", 1, tinymq.WithRoutingKey(strings.Repeat("k", 1<<20)))
+		}, tinymq.ErrKeyTooLong},
+		{"zero PublishOption", func(m *tinymq.MQ) error { return m.Publish("fan", 1, tinymq.PublishOption{}) }, tinymq.ErrInvalidOption},
+		{"negative expiration", func(m *tinymq.MQ) error { return m.Publish("fan", 1, tinymq.WithExpiration(-1)) }, tinymq.ErrInvalidOption},
+		{"expiration MaxInt64 (never)", func(m *tinymq.MQ) error {
+			return m.Publish("fan", 1, tinymq.WithExpiration(math.MaxInt64))
+		}, nil},
+		{"delay MinInt64", func(m *tinymq.MQ) error { return m.Publish("fan", 1, tinymq.WithDelay(math.MinInt64)) }, tinymq.ErrInvalidOption},
+		{"empty publish exchange", func(m *tinymq.MQ) error { return m.Publish("", 1) }, tinymq.ErrUnknownExchange},
+		{"nil publish context", func(m *tinymq.MQ) error { return m.PublishContext(nilCtx, "fan", 1) }, tinymq.ErrInvalidOption},
+		{"nil data is a valid payload", func(m *tinymq.MQ) error { return m.Publish("fan", nil) }, nil},
+		{"nil Start context", func(m *tinymq.MQ) error { return m.Start(nilCtx) }, tinymq.ErrInvalidOption},
+		{"nil Shutdown context", func(m *tinymq.MQ) error { return m.Shutdown(nilCtx) }, tinymq.ErrInvalidOption},
+		{"retry NaN multiplier", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{Multiplier: math.NaN()}))
+		}, tinymq.ErrInvalidOption},
+		{"retry infinite multiplier is capped", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{Multiplier: math.Inf(1)}))
+		}, nil},
+		{"retry NaN jitter", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{Jitter: math.NaN()}))
+		}, tinymq.ErrInvalidOption},
+		{"retry negative backoff", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{InitialBackoff: -1}))
+		}, tinymq.ErrInvalidOption},
+		{"retry MaxInt attempts and backoffs", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithRetry(tinymq.RetryPolicy{
+				MaxAttempts: math.MaxInt, InitialBackoff: math.MaxInt64, MaxBackoff: math.MaxInt64}))
+		}, nil},
+		{"queue TTL negative", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMessageTTL(-time.Second))
+		}, tinymq.ErrInvalidOption},
+		{"queue TTL MaxInt64", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMessageTTL(math.MaxInt64))
+		}, nil},
+		{"max length MaxInt", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMaxLen(math.MaxInt, tinymq.Block))
+		}, nil},
+		{"max length negative", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMaxLen(-1, tinymq.Block))
+		}, tinymq.ErrInvalidOption},
+		{"overflow 200", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithMaxLen(1, 200))
+		}, tinymq.ErrInvalidOption},
+		{"dead-letter key of 1 MiB", func(m *tinymq.MQ) error {
+			return m.RegisterQueue("x", tinymq.Fanout, nop, 1, tinymq.WithDeadLetter("d", strings.Repeat("k", 1<<20)))
+		}, tinymq.ErrKeyTooLong},
+		{"Permanent(nil) is nil", func(*tinymq.MQ) error { return tinymq.Permanent(nil) }, nil},
+		{"Encoded decodes into nil", func(*tinymq.MQ) error { return tinymq.Encoded{Body: []byte("1")}.Decode(nil) }, tinymq.ErrPayloadType},
+		{"Encoded with a panicking codec", func(*tinymq.MQ) error {
+			return tinymq.Encoded{Body: []byte("1"), Codec: panickyCodec{}}.Decode(new(int))
+		}, tinymq.ErrPayloadType},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newMQ()
+			var err error
+			require.NotPanics(t, func() { err = tt.call(m) })
+			if tt.want == nil {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, tt.want)
+			}
+		})
+	}
+}
+
+type panickyCodec struct{}
+
+func (panickyCodec) Marshal(any) ([]byte, error)    { panic("marshal") }
+func (panickyCodec) Unmarshal([]byte, any) error    { panic("unmarshal") }
+func (panickyCodec) ContentType() string            { panic("content type") }
+func (panickyCodec) String() string                 { return "panickyCodec" }
+func (panickyCodec) Format(fmt.State, rune)         { panic("format") }
+func (panickyCodec) GoString() string               { panic("gostring") }
+func (panickyCodec) Error() string                  { panic("error") }
+func (panickyCodec) Is(error) bool                  { panic("is") }
+func (panickyCodec) Unwrap() error                  { panic("unwrap") }
+func (panickyCodec) MarshalText() ([]byte, error)   { panic("text") }
+func (panickyCodec) MarshalJSON() ([]byte, error)   { panic("json") }
+func (panickyCodec) LogValue() slog.Value           { panic("log value") }
+func (panickyCodec) Timeout() bool                  { panic("timeout") }
+func (panickyCodec) Temporary() bool                { panic("temporary") }
+func (panickyCodec) As(any) bool                    { panic("as") }
+func (panickyCodec) Len() int                       { panic("len") }
+func (panickyCodec) Cap() int                       { panic("cap") }
+func (panickyCodec) Read([]byte) (int, error)       { panic("read") }
+func (panickyCodec) Write([]byte) (int, error)      { panic("write") }
+func (panickyCodec) Close() error                   { panic("close") }
+func (panickyCodec) Seek(int64, int) (int64, error) { panic("seek") }
+
+// Deadlines and backoffs past the year 2262 saturate: a TTL of MaxInt64
+// means never, not "already expired", and so does a backoff.
+func TestHugeDurationsSaturate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		got := make(chan *tinymq.Msg, 10)
+		require.NoError(t, m.RegisterQueue("ttl", tinymq.Fanout, sink(got), 1,
+			tinymq.WithQueueName("ttl"), tinymq.WithMessageTTL(math.MaxInt64)))
+		var calls atomic.Int32
+		require.NoError(t, m.RegisterQueue("retry", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			calls.Add(1)
+			return errors.New("fail")
+		}, 1, tinymq.WithQueueName("retry"), tinymq.WithRetry(tinymq.RetryPolicy{
+			MaxAttempts: 3, InitialBackoff: math.MaxInt64 / 2, MaxBackoff: math.MaxInt64, Multiplier: 4})))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ttl", "queue TTL MaxInt64"))
+		require.NoError(t, m.Publish("ttl", "expiration MaxInt64", tinymq.WithExpiration(math.MaxInt64)))
+		require.NoError(t, m.Publish("ttl", "delay and TTL", tinymq.WithDelay(time.Hour), tinymq.WithExpiration(math.MaxInt64)))
+		require.NoError(t, m.Publish("retry", 1))
+		time.Sleep(2 * time.Hour)
+		synctest.Wait()
+		require.Len(t, got, 3, "none expired")
+		st := m.Stats()
+		assert.Equal(t, uint64(0), st.Queues["ttl"].Expired)
+		assert.Equal(t, int32(1), calls.Load(), "the retry waits its (saturated) backoff")
+		assert.Equal(t, 1, st.Queues["retry"].Scheduled)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		err := m.Shutdown(ctx)
+		require.ErrorIs(t, err, tinymq.ErrUndelivered)
+		m.Stop()
+	})
+}
+
+// scenarioEnv names the re-entrancy scenario a child process runs.
+const scenarioEnv = "TINYMQ_SCENARIO"
+
+// scenarios are what hostile user code does from inside the MQ. Each runs in
+// a child process (see TestReentrancy), so that a crash or a hang fails that
+// scenario instead of the whole run. A scenario passes when it returns.
+var scenarios = map[string]func(t *testing.T){
+	"consumer returns a typed nil error": func(t *testing.T) {
+		m := tinymq.New()
+		dead := deadLetters(t, m)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			var e *nilErr
+			return e
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", "")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		d := recv(t, dead, 1)[0]
+		m.Stop()
+		assert.Contains(t, d.Deaths[0].LastError, "typed nil")
+		assert.Contains(t, d.Deaths[0].LastError, "*tinymq_test.nilErr")
+		assert.Equal(t, uint64(1), m.Stats().Queues["q"].Failed)
+	},
+	"consumer error whose Error method panics": func(t *testing.T) {
+		log, records := logRecords()
+		m := tinymq.New(tinymq.WithLogger(log))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			return panickyCodec{}
+		}, 1, tinymq.WithQueueName("q")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		m.Stop()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, uint64(1), st.Failed)
+		assert.Equal(t, uint64(1), st.Dropped)
+		assert.NotEmpty(t, records(t))
+	},
+	"logger panics": func(t *testing.T) {
+		m := tinymq.New(tinymq.WithLogger(slog.New(panicHandler{})))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 2, tinymq.WithQueueName("q"),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 10 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		m.Stop()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, uint64(20), st.Failed)
+		assert.Equal(t, uint64(10), st.Dropped)
+	},
+	"logger blocks: Shutdown keeps its deadline": func(t *testing.T) {
+		block := make(chan struct{}) // never closed: the child exits with it blocked
+		m := tinymq.New(tinymq.WithLogger(slog.New(blockHandler{block})))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q")))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 5 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		err := m.Shutdown(ctx)
+		assert.ErrorIs(t, err, tinymq.ErrUndelivered)
+		assert.Less(t, time.Since(start), 5*time.Second, "Shutdown returned near its deadline")
+	},
+	"logger calls Stop": func(t *testing.T) {
+		var m *tinymq.MQ
+		h := &callbackHandler{fn: func() { m.Stop() }}
+		m = tinymq.New(tinymq.WithLogger(slog.New(h)))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		m.Stop()
+		assert.ErrorIs(t, m.Publish("ev", 2), tinymq.ErrStopped)
+	},
+	"logger calls Stop before Start": func(t *testing.T) {
+		var m *tinymq.MQ
+		h := &callbackHandler{fn: func() { m.Stop() }}
+		m = tinymq.New(tinymq.WithLogger(slog.New(h)))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1))
+		require.NoError(t, m.Publish("ev", 1))
+		assert.ErrorIs(t, m.Shutdown(context.Background()), tinymq.ErrUndelivered)
+	},
+	"consumer calls Stop": func(t *testing.T) {
+		m := tinymq.New()
+		var delivered atomic.Int32
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			if delivered.Add(1) == 1 {
+				m.Stop()
+			}
+			return nil
+		}, 1, tinymq.WithQueueName("q")))
+		for i := range 10 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		require.NoError(t, m.Start(context.Background()))
+		m.Stop()
+		assert.Equal(t, int32(10), delivered.Load(), "what was accepted is still delivered")
+	},
+	"consumer calls Shutdown": func(t *testing.T) {
+		m := tinymq.New()
+		errs := make(chan error, 1)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			errs <- m.Shutdown(context.Background())
+			return nil
+		}, 1))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		assert.ErrorIs(t, recv(t, errs, 1)[0], tinymq.ErrCalledFromConsumer)
+		m.Stop()
+	},
+	"consumer calls runtime.Goexit": func(t *testing.T) {
+		m := tinymq.New()
+		var delivered atomic.Int32
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			delivered.Add(1)
+			if msg.Data.(int)%3 == 0 {
+				runtime.Goexit() // what t.FailNow and require do
+			}
+			return nil
+		}, 2, tinymq.WithQueueName("q")))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 30 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		m.Stop()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, int32(30), delivered.Load(), "the queue keeps its workers")
+		assert.Equal(t, uint64(10), st.Failed)
+		assert.Equal(t, uint64(20), st.Succeeded)
+		assert.Equal(t, uint64(10), st.Dropped)
+	},
+	"consumer publishes, registers and reads Stats": func(t *testing.T) {
+		m := tinymq.New()
+		got := make(chan *tinymq.Msg, 100)
+		var n atomic.Int32
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+			_ = m.Stats()
+			_ = m.Topology()
+			if i := n.Add(1); i <= 5 {
+				if err := m.RegisterQueue("more", tinymq.Fanout, sink(got), 1); err != nil {
+					return err
+				}
+				return m.Publish("more", i)
+			}
+			return nil
+		}, 2))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 5 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		recv(t, got, 5) // RegisterQueue is refused once Stop begins
+		m.Stop()
+	},
+	"filter calls Stats and Publish while a writer waits": func(t *testing.T) {
+		m := tinymq.New()
+		require.NoError(t, m.RegisterQueue("side", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1))
+		inFilter := make(chan struct{}, 1)
+		release := make(chan struct{})
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+			tinymq.WithFilter(func(*tinymq.Msg) bool {
+				select {
+				case inFilter <- struct{}{}:
+					<-release
+				default:
+				}
+				_ = m.Stats()
+				return m.Publish("side", 1) == nil
+			})))
+		require.NoError(t, m.Start(context.Background()))
+		published := make(chan error, 1)
+		go func() { published <- m.Publish("ev", 1) }()
+		recv(t, inFilter, 1)
+		registered := make(chan error, 1)
+		go func() {
+			registered <- m.RegisterQueue("late", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1)
+		}()
+		time.Sleep(10 * time.Millisecond) // let RegisterQueue wait for the lock, if the filter held it
+		close(release)
+		assert.NoError(t, recv(t, published, 1)[0])
+		assert.NoError(t, recv(t, registered, 1)[0])
+		m.Stop()
+	},
+	"filter calls RegisterQueue and Stop": func(t *testing.T) {
+		m := tinymq.New()
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+			tinymq.WithFilter(func(*tinymq.Msg) bool {
+				_ = m.RegisterQueue("other", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1)
+				m.Stop()
+				return true
+			})))
+		require.NoError(t, m.Start(context.Background()))
+		assert.ErrorIs(t, m.Publish("ev", 1), tinymq.ErrStopped, "Stop began while the filter ran")
+		m.Stop()
+	},
+	"filter panics with a sentinel-free value": func(t *testing.T) {
+		m := tinymq.New()
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+			tinymq.WithFilter(func(*tinymq.Msg) bool { panic(42) })))
+		err := m.Publish("ev", 1)
+		assert.ErrorIs(t, err, tinymq.ErrPanicked)
+		var pe *tinymq.PanicError
+		assert.ErrorAs(t, err, &pe)
+		m.Stop()
+	},
+	"Handler[any] takes a nil payload": func(t *testing.T) {
+		m := tinymq.New()
+		got := make(chan any, 1)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, tinymq.Handler(func(_ context.Context, v any) error {
+			got <- v
+			return nil
+		}), 1))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", nil))
+		assert.Nil(t, recv(t, got, 1)[0])
+		m.Stop()
+	},
+}
+
+type nilErr struct{ msg string }
+
+func (e *nilErr) Error() string { return e.msg } // panics on a nil receiver
+
+func failing(context.Context, *tinymq.Msg) error { return errors.New("fail") }
+
+type panicHandler struct{}
+
+func (panicHandler) Enabled(context.Context, slog.Level) bool  { return true }
+func (panicHandler) Handle(context.Context, slog.Record) error { panic("logger panics") }
+func (h panicHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h panicHandler) WithGroup(string) slog.Handler           { return h }
+
+type blockHandler struct{ block chan struct{} }
+
+func (blockHandler) Enabled(context.Context, slog.Level) bool    { return true }
+func (h blockHandler) Handle(context.Context, slog.Record) error { <-h.block; return nil }
+func (h blockHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
+func (h blockHandler) WithGroup(string) slog.Handler             { return h }
+
+type callbackHandler struct{ fn func() }
+
+func (*callbackHandler) Enabled(context.Context, slog.Level) bool    { return true }
+func (h *callbackHandler) Handle(context.Context, slog.Record) error { h.fn(); return nil }
+func (h *callbackHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
+func (h *callbackHandler) WithGroup(string) slog.Handler             { return h }
+
+// TestReentrancy runs each scenario in a child process with a bound, so that
+// a crash or a hang of the MQ fails the scenario, not the test run.
+func TestReentrancy(t *testing.T) {
+	if os.Getenv(scenarioEnv) != "" {
+		t.Skip("in a child process")
+	}
+	for name := range scenarios {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestReentrancyChild$", "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), scenarioEnv+"="+name)
+			out, err := cmd.CombinedOutput()
+			if ctx.Err() != nil {
+				t.Fatalf("the scenario hung (killed after 60s):\n%s", out)
+			}
+			if err != nil || !strings.Contains(string(out), "--- PASS: TestReentrancyChild") {
+				t.Fatalf("the scenario failed (%v):\n%s", err, out)
+			}
+		})
+	}
+}
+
+// TestReentrancyChild runs one scenario, in a child process of TestReentrancy.
+func TestReentrancyChild(t *testing.T) {
+	name := os.Getenv(scenarioEnv)
+	if name == "" {
+		t.Skip("runs in a child process of TestReentrancy")
+	}
+	scenarios[name](t)
+}
+
+// TestTortureLedger builds random topologies with hostile consumers (errors,
+// panics, typed nils, Goexit, consumers that publish back into the MQ), runs
+// publishers against them, and stops with Stop or a Shutdown deadline at a
+// random moment. It keeps a ledger of every accepted message and checks that
+// each ends exactly once and that Stats reconciles.
+func TestTortureLedger(t *testing.T) {
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) { torture(t, seed) })
+	}
+}
+
+func torture(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	m := tinymq.New()
+	type key struct {
+		queue string
+		id    uint64
+	}
+	var mu sync.Mutex
+	succeeded := map[key]int{}
+	deadByQueue := map[string]int{}
+	nQueues := 2 + rng.IntN(4)
+	names := make([]string, nQueues)
+	require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+		mu.Lock()
+		deadByQueue[msg.Deaths[0].Queue]++
+		mu.Unlock()
+		return nil
+	}, 1, tinymq.WithQueueName("dead")))
+	for i := range names {
+		names[i] = fmt.Sprint("q", i)
+		opts := []tinymq.QueueOption{tinymq.WithQueueName(names[i]), tinymq.WithDeadLetter("dlx", ""),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 1 + rng.IntN(3), InitialBackoff: 50 * time.Microsecond, MaxBackoff: time.Millisecond})}
+		if rng.IntN(3) == 0 {
+			opts = append(opts, tinymq.WithMaxLen(50+rng.IntN(200), tinymq.DropHead))
+		}
+		if rng.IntN(3) == 0 {
+			opts = append(opts, tinymq.WithMessageTTL(time.Duration(1+rng.IntN(20))*time.Millisecond))
+		}
+		consumerSeed := rng.Uint64()
+		var crng = rand.New(rand.NewPCG(consumerSeed, 1))
+		var cmu sync.Mutex
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			cmu.Lock()
+			r := crng.IntN(12)
+			cmu.Unlock()
+			switch r {
+			case 0:
+				return errors.New("fail")
+			case 1:
+				panic("boom")
+			case 2:
+				var e *nilErr
+				return e
+			case 3:
+				runtime.Goexit()
+			case 4:
+				_ = m.Publish("side", msg.ID) // re-entrant; ErrStopped while stopping
+			}
+			mu.Lock()
+			succeeded[key{msg.Queue, msg.ID}]++
+			mu.Unlock()
+			return nil
+		}, 1+rng.IntN(4), opts...))
+	}
+	require.NoError(t, m.RegisterQueue("side", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1, tinymq.WithQueueName("side")))
+	require.NoError(t, m.Start(context.Background()))
+
+	var wg sync.WaitGroup
+	flowing := make(chan struct{}, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 600 {
+				if err := m.Publish("ev", i); err != nil {
+					assert.ErrorIs(t, err, tinymq.ErrStopped)
+					return
+				}
+				if i == 100 {
+					flowing <- struct{}{}
+				}
+			}
+		}()
+	}
+	recv(t, flowing, 4)
+	aborted := rng.IntN(2) == 1
+	if !aborted {
+		m.Stop()
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rng.IntN(3))*time.Millisecond)
+		_ = m.Shutdown(ctx)
+		cancel()
+		m.Stop()
+	}
+	wg.Wait()
+
+	s := m.Stats()
+	var totalDead uint64
+	for _, name := range names {
+		st := s.Queues[name]
+		assert.Equal(t, st.Accepted, st.Succeeded+st.DeadLettered+st.Dropped+st.Undelivered,
+			"queue %s: every accepted message ended once: %+v", name, st)
+		assert.Zero(t, st.Depth+st.InFlight, "queue %s: nothing waits after Stop", name)
+		n := 0
+		for k, c := range succeeded {
+			if k.queue == name {
+				n++
+				if c != 1 {
+					t.Errorf("queue %s, message %d succeeded %d times", name, k.id, c)
+				}
+			}
+		}
+		assert.Equal(t, int(st.Succeeded), n, "queue %s: the ledger of successes matches Stats", name)
+		if aborted { // the dead-letter queue may have been aborted too
+			assert.LessOrEqual(t, deadByQueue[name], int(st.DeadLettered), "queue %s: dead letters consumed", name)
+		} else {
+			assert.Equal(t, int(st.DeadLettered), deadByQueue[name], "queue %s: the ledger of dead letters matches Stats", name)
+		}
+		totalDead += st.DeadLettered
+	}
+	dead := s.Queues["dead"]
+	assert.Equal(t, totalDead, dead.Accepted, "every dead letter reached the dead-letter queue")
+	assert.Equal(t, dead.Accepted, dead.Succeeded+dead.Undelivered)
+	assert.Equal(t, s.Exchanges["dlx"].Published, dead.Accepted)
+}
