@@ -1,11 +1,11 @@
 package tinymq_test
 
 import (
-	"os"
 	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
