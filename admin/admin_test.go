@@ -1,0 +1,528 @@
+package admin_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/admin"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// Overview is the JSON of /api/overview as a client decodes it.
+type Overview struct {
+	Time          string   `json:"time"`
+	RefreshMillis int64    `json:"refresh_ms"`
+	RateSeconds   *float64 `json:"rate_seconds"`
+	ExchangeCount int      `json:"exchange_count"`
+	QueueCount    int      `json:"queue_count"`
+	Truncated     bool     `json:"truncated"`
+	Exchanges     []struct {
+		Name       string `json:"name"`
+		Kind       string `json:"kind"`
+		Alternate  string `json:"alternate"`
+		Published  uint64 `json:"published"`
+		Unroutable uint64 `json:"unroutable"`
+		Rates      *struct {
+			Published  float64 `json:"published_per_sec"`
+			Unroutable float64 `json:"unroutable_per_sec"`
+		} `json:"rates"`
+		Bindings []struct {
+			Queue string              `json:"queue"`
+			Keys  []string            `json:"keys"`
+			Args  []map[string]string `json:"args"`
+		} `json:"bindings"`
+	} `json:"exchanges"`
+	Queues []struct {
+		Name               string             `json:"name"`
+		Concurrency        int                `json:"concurrency"`
+		MaxAttempts        int                `json:"max_attempts"`
+		MessageTTLMillis   float64            `json:"message_ttl_ms"`
+		MaxLen             int                `json:"max_len"`
+		Overflow           string             `json:"overflow"`
+		DeadLetterExchange string             `json:"dead_letter_exchange"`
+		DeadLetterKey      string             `json:"dead_letter_key"`
+		Filtered           bool               `json:"filtered"`
+		Depth              int                `json:"depth"`
+		Ready              int                `json:"ready"`
+		Scheduled          int                `json:"scheduled"`
+		InFlight           int                `json:"in_flight"`
+		Counters           map[string]uint64  `json:"counters"`
+		Rates              map[string]float64 `json:"rates"`
+		ConsumerTime       map[string]float64 `json:"consumer_time"`
+	} `json:"queues"`
+	DeadLetters []struct {
+		Time               string `json:"time"`
+		Reason             string `json:"reason"`
+		Exchange           string `json:"exchange"`
+		Queue              string `json:"queue"`
+		RoutingKey         string `json:"routing_key"`
+		Attempts           int    `json:"attempts"`
+		Count              int    `json:"count"`
+		MessageID          uint64 `json:"message_id"`
+		LastError          string `json:"last_error"`
+		DeadLetterExchange string `json:"dead_letter_exchange"`
+		Dropped            bool   `json:"dropped"`
+		DropCause          string `json:"drop_cause"`
+	} `json:"dead_letters"`
+}
+
+// get serves one request to h and returns the response.
+func get(t *testing.T, h http.Handler, method, target string) *http.Response {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, target, nil))
+	return rec.Result()
+}
+
+func body(t *testing.T, res *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// overview fetches and decodes the JSON, checking its status and headers.
+func overview(t *testing.T, h http.Handler) (Overview, string) {
+	t.Helper()
+	res := get(t, h, http.MethodGet, "/api/overview")
+	raw := body(t, res)
+	require.Equal(t, http.StatusOK, res.StatusCode, raw)
+	assert.Equal(t, "application/json; charset=utf-8", res.Header.Get("Content-Type"))
+	assert.Equal(t, "nosniff", res.Header.Get("X-Content-Type-Options"))
+	assert.Equal(t, "no-store", res.Header.Get("Cache-Control"))
+	var ov Overview
+	require.NoError(t, json.Unmarshal([]byte(raw), &ov), raw)
+	return ov, raw
+}
+
+func nop(context.Context, *tinymq.Msg) error { return nil }
+
+func TestOverviewShape(t *testing.T) {
+	mq := tinymq.New()
+	require.NoError(t, mq.DeclareExchange("events", tinymq.Headers, tinymq.WithAlternateExchange("unrouted")))
+	require.NoError(t, mq.RegisterQueue("unrouted", tinymq.Fanout, nop, 1, tinymq.WithQueueName("lost")))
+	require.NoError(t, mq.RegisterQueue("events", tinymq.Headers, nop, 1, tinymq.WithQueueName("pdfs"),
+		tinymq.WithBindingArgs(map[string]any{"x-match": "all", "format": "pdf", "pages": int32(3), "raw": []byte("b")})))
+	require.NoError(t, mq.RegisterQueue("orders", tinymq.Direct, nop, 3, tinymq.WithQueueName("billing"),
+		tinymq.WithBindingKey("created"), tinymq.WithBindingKey("paid"),
+		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 4}), tinymq.WithDeadLetter("dlx", "billing.dead"),
+		tinymq.WithMessageTTL(1500*time.Millisecond), tinymq.WithMaxLen(100, tinymq.DropHead),
+		tinymq.WithFilter(func(*tinymq.Msg) bool { return true })))
+	require.NoError(t, mq.RegisterQueue("dlx", tinymq.Fanout, nop, 1, tinymq.WithQueueName("dead")))
+	require.NoError(t, mq.Bind("billing", "audit", tinymq.Topic, tinymq.WithBindingKey("order.#")))
+	t.Cleanup(mq.Stop)
+
+	ov, _ := overview(t, admin.Handler(mq, admin.WithRefresh(2*time.Second)))
+	assert.Equal(t, int64(2000), ov.RefreshMillis)
+	assert.Nil(t, ov.RateSeconds, "no rates before a second snapshot")
+	assert.False(t, ov.Truncated)
+	_, err := time.Parse(time.RFC3339Nano, ov.Time)
+	assert.NoError(t, err)
+
+	require.Equal(t, 5, ov.ExchangeCount)
+	var names []string
+	for _, x := range ov.Exchanges {
+		names = append(names, x.Name+":"+x.Kind)
+		assert.Nil(t, x.Rates)
+	}
+	assert.Equal(t, []string{"audit:topic", "dlx:fanout", "events:headers", "orders:direct", "unrouted:fanout"}, names,
+		"exchanges sorted by name")
+	events := ov.Exchanges[2]
+	assert.Equal(t, "unrouted", events.Alternate)
+	require.Len(t, events.Bindings, 1)
+	assert.Equal(t, "pdfs", events.Bindings[0].Queue)
+	assert.Empty(t, events.Bindings[0].Keys)
+	assert.Equal(t, []map[string]string{{"x-match": `"all"`, "format": `"pdf"`, "pages": "3", "raw": `"b"`}},
+		events.Bindings[0].Args)
+	orders := ov.Exchanges[3]
+	require.Len(t, orders.Bindings, 1)
+	assert.Equal(t, []string{"created", "paid"}, orders.Bindings[0].Keys)
+	assert.Equal(t, []string{"order.#"}, ov.Exchanges[0].Bindings[0].Keys, "Bind shows on the other exchange")
+
+	require.Equal(t, 4, ov.QueueCount)
+	var queues []string
+	for _, q := range ov.Queues {
+		queues = append(queues, q.Name)
+	}
+	assert.Equal(t, []string{"lost", "pdfs", "billing", "dead"}, queues, "queues in registration order")
+	b := ov.Queues[2]
+	assert.Equal(t, 3, b.Concurrency)
+	assert.Equal(t, 4, b.MaxAttempts)
+	assert.InDelta(t, 1500, b.MessageTTLMillis, 1e-9)
+	assert.Equal(t, 100, b.MaxLen)
+	assert.Equal(t, "drop-head", b.Overflow)
+	assert.Equal(t, "dlx", b.DeadLetterExchange)
+	assert.Equal(t, "billing.dead", b.DeadLetterKey)
+	assert.True(t, b.Filtered)
+	assert.Nil(t, b.Rates)
+	for _, k := range []string{"accepted", "delivered", "succeeded", "failed", "retried", "dead_lettered",
+		"expired", "overflowed", "rejected", "dropped", "undelivered"} {
+		assert.Contains(t, b.Counters, k)
+	}
+	for _, k := range []string{"samples", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms"} {
+		assert.Contains(t, b.ConsumerTime, k)
+	}
+	assert.NotNil(t, ov.DeadLetters, "an empty list, not null")
+	assert.Empty(t, ov.DeadLetters)
+}
+
+// waitFor polls cond every few milliseconds until it holds or 10s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
+		}
+	}
+}
+
+func TestNumbersChangeAfterPublishing(t *testing.T) {
+	mq := tinymq.New()
+	release := make(chan struct{})
+	require.NoError(t, mq.RegisterQueue("jobs", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}, 1, tinymq.WithQueueName("work"),
+		// A length limit makes the worker take one message at a time: the
+		// core's batching otherwise hides the messages a worker holds from
+		// both Depth and InFlight (reported to the lead).
+		tinymq.WithMaxLen(1000, tinymq.RejectPublish)))
+	require.NoError(t, mq.RegisterQueue("jobs", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		return errors.New("<b>boom</b>")
+	}, 1, tinymq.WithQueueName("broken")))
+	h := admin.Handler(mq)
+
+	before, _ := overview(t, h)
+	assert.Zero(t, before.Exchanges[0].Published)
+	assert.Zero(t, before.Queues[0].Depth)
+
+	for range 5 {
+		require.NoError(t, mq.Publish("jobs", "x"))
+	}
+	queued, _ := overview(t, h)
+	assert.Equal(t, uint64(5), queued.Exchanges[0].Published)
+	assert.Equal(t, 5, queued.Queues[0].Depth, "published before Start: waiting")
+	assert.Equal(t, 5, queued.Queues[0].Ready)
+	assert.Equal(t, uint64(5), queued.Queues[0].Counters["accepted"])
+
+	require.NoError(t, mq.Start(context.Background()))
+	waitFor(t, "a message in flight and five dropped", func() bool {
+		st := mq.Stats().Queues
+		return st["work"].InFlight == 1 && st["broken"].Dropped == 5
+	})
+	running, _ := overview(t, h)
+	assert.Equal(t, 1, running.Queues[0].InFlight)
+	assert.Equal(t, 4, running.Queues[0].Depth)
+	broken := running.Queues[1]
+	assert.Equal(t, uint64(5), broken.Counters["failed"])
+	assert.Equal(t, uint64(5), broken.Counters["dropped"])
+	assert.GreaterOrEqual(t, broken.ConsumerTime["samples"], 1.0)
+	require.Len(t, running.DeadLetters, 5)
+	d := running.DeadLetters[0]
+	assert.Equal(t, "broken", d.Queue)
+	assert.Equal(t, "rejected", d.Reason)
+	assert.Equal(t, "<b>boom</b>", d.LastError)
+	assert.True(t, d.Dropped)
+	assert.Equal(t, uint64(5), d.MessageID, "newest first")
+
+	close(release)
+	mq.Stop()
+	stopped, _ := overview(t, h)
+	assert.Equal(t, uint64(5), stopped.Queues[0].Counters["succeeded"], "served after Stop too")
+}
+
+func TestRatesFromSnapshots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mq := tinymq.New()
+		require.NoError(t, mq.RegisterQueue("ev", tinymq.Fanout, nop, 1, tinymq.WithQueueName("ok")))
+		require.NoError(t, mq.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			return errors.New("no")
+		}, 1, tinymq.WithQueueName("bad"), tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})))
+		require.NoError(t, mq.Start(context.Background()))
+		h := admin.Handler(mq, admin.WithRateWindow(4*time.Second))
+
+		first, _ := overview(t, h)
+		assert.Nil(t, first.RateSeconds)
+		assert.Nil(t, first.Queues[0].Rates)
+
+		for range 20 {
+			require.NoError(t, mq.Publish("ev", 1))
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		second, _ := overview(t, h)
+		require.NotNil(t, second.RateSeconds)
+		assert.InDelta(t, 2, *second.RateSeconds, 1e-9)
+		assert.InDelta(t, 10, second.Exchanges[0].Rates.Published, 1e-9)
+		assert.Equal(t, map[string]float64{"published_per_sec": 10, "delivered_per_sec": 10, "succeeded_per_sec": 10,
+			"failed_per_sec": 0, "dead_lettered_per_sec": 0, "dropped_per_sec": 0}, second.Queues[0].Rates)
+		assert.Equal(t, map[string]float64{"published_per_sec": 10, "delivered_per_sec": 20, "succeeded_per_sec": 0,
+			"failed_per_sec": 20, "dead_lettered_per_sec": 0, "dropped_per_sec": 10}, second.Queues[1].Rates)
+
+		// Nothing more happens: the rates decay once the busy snapshot is
+		// older than the window.
+		for range 3 {
+			time.Sleep(2 * time.Second)
+			overview(t, h)
+		}
+		quiet, _ := overview(t, h)
+		require.NotNil(t, quiet.RateSeconds)
+		assert.GreaterOrEqual(t, *quiet.RateSeconds, 4.0)
+		assert.Zero(t, quiet.Queues[0].Rates["published_per_sec"])
+		mq.Stop()
+	})
+}
+
+func TestHostileNamesAreEscaped(t *testing.T) {
+	const evil = `<script>alert(1)</script>`
+	mq := tinymq.New()
+	require.NoError(t, mq.RegisterQueue(evil+"&ex", tinymq.Direct, nop, 1, tinymq.WithQueueName(evil),
+		tinymq.WithBindingKey(`"><img src=x onerror=alert(2)>`)))
+	t.Cleanup(mq.Stop)
+	h := admin.Handler(mq)
+
+	ov, raw := overview(t, h)
+	assert.NotContains(t, raw, "<script>", "JSON escapes <, > and &")
+	assert.NotContains(t, raw, "<img")
+	assert.Contains(t, raw, `\u003cscript\u003ealert(1)\u003c/script\u003e`)
+	assert.Equal(t, evil, ov.Queues[0].Name, "and decodes to the name itself")
+	assert.Equal(t, evil+"&ex", ov.Exchanges[0].Name)
+	assert.Equal(t, `"><img src=x onerror=alert(2)>`, ov.Exchanges[0].Bindings[0].Keys[0])
+
+	res := get(t, h, http.MethodGet, "/")
+	page := body(t, res)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	assert.Equal(t, "text/html; charset=utf-8", res.Header.Get("Content-Type"))
+	assert.NotContains(t, page, "alert", "the page holds no data: the script inserts names as text")
+	assert.NotContains(t, page, "innerHTML")
+	assert.NotContains(t, page, "insertAdjacentHTML")
+
+	// The policy allows exactly the page's inline script and style.
+	csp := res.Header.Get("Content-Security-Policy")
+	assert.Contains(t, csp, "default-src 'none'")
+	assert.Contains(t, csp, "connect-src 'self'")
+	for _, tag := range []string{"script", "style"} {
+		_, rest, ok := strings.Cut(page, "<"+tag+">")
+		require.True(t, ok, tag)
+		inline, _, ok := strings.Cut(rest, "</"+tag+">")
+		require.True(t, ok, tag)
+		sum := sha256.Sum256([]byte(inline))
+		assert.Contains(t, csp, tag+"-src 'sha256-"+base64.StdEncoding.EncodeToString(sum[:])+"'")
+		assert.Equal(t, 1, strings.Count(page, "<"+tag), "one inline %s, no other", tag)
+	}
+
+	// Hostile paths are neither served nor echoed.
+	res = get(t, h, http.MethodGet, "/%3Cscript%3Ealert(1)%3C/script%3E")
+	assert.Equal(t, http.StatusNotFound, res.StatusCode)
+	assert.NotContains(t, body(t, res), "alert")
+}
+
+func TestReadOnlyAndStrictRoutes(t *testing.T) {
+	mq := tinymq.New()
+	require.NoError(t, mq.RegisterQueue("jobs", tinymq.Fanout, nop, 1, tinymq.WithQueueName("work")))
+	t.Cleanup(mq.Stop)
+	h := admin.Handler(mq)
+
+	for _, target := range []string{"/", "/api/overview"} {
+		for _, method := range []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete,
+			http.MethodOptions, "PURGE"} {
+			res := get(t, h, method, target)
+			assert.Equal(t, http.StatusMethodNotAllowed, res.StatusCode, "%s %s", method, target)
+			assert.Equal(t, "GET, HEAD", res.Header.Get("Allow"))
+			assert.Equal(t, "application/json; charset=utf-8", res.Header.Get("Content-Type"))
+		}
+		res := get(t, h, http.MethodHead, target)
+		assert.Equal(t, http.StatusOK, res.StatusCode, "HEAD %s", target)
+	}
+	for _, target := range []string{"/api", "/api/", "/api/overview/", "/api/overview.json", "/index.html",
+		"/api/purge", "/api/queues/work/purge", "/debug/pprof/", "/favicon.ico", "//api/overview"} {
+		for _, method := range []string{http.MethodGet, http.MethodPost} {
+			res := get(t, h, method, target)
+			assert.Equal(t, http.StatusNotFound, res.StatusCode, "%s %s", method, target)
+		}
+	}
+	st := mq.Stats()
+	assert.Zero(t, st.Exchanges["jobs"].Published, "no request changed anything")
+	assert.Zero(t, st.Queues["work"].Accepted)
+}
+
+func TestMountedUnderAPrefix(t *testing.T) {
+	mq := tinymq.New()
+	require.NoError(t, mq.RegisterQueue("jobs", tinymq.Fanout, nop, 1, tinymq.WithQueueName("work")))
+	t.Cleanup(mq.Stop)
+	mux := http.NewServeMux()
+	mux.Handle("/debug/tinymq/", http.StripPrefix("/debug/tinymq", admin.Handler(mq)))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	client := srv.Client()
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+	fetch := func(path string) (*http.Response, string) {
+		res, err := client.Get(srv.URL + path)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		return res, body(t, res)
+	}
+	res, page := fetch("/debug/tinymq/")
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	assert.Contains(t, page, `fetch("api/overview"`, "the page's links are relative")
+	assert.Contains(t, page, `href="api/overview"`)
+	assert.NotContains(t, page, `"/api`)
+
+	res, raw := fetch("/debug/tinymq/api/overview")
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	assert.Contains(t, raw, `"name":"work"`)
+
+	res, _ = fetch("/debug/tinymq/nope")
+	assert.Equal(t, http.StatusNotFound, res.StatusCode)
+
+	// Without a mux, the mount point without its slash redirects to it,
+	// relatively.
+	bare := http.StripPrefix("/ops/mq", admin.Handler(mq))
+	rec := httptest.NewRecorder()
+	bare.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ops/mq", nil))
+	assert.Equal(t, http.StatusMovedPermanently, rec.Code)
+	assert.Equal(t, "./mq/", rec.Header().Get("Location"))
+}
+
+func TestResponsesAreBounded(t *testing.T) {
+	// Names of 300 bytes that JSON escapes to six bytes each, on 2000
+	// queues: far more than 1 MiB unbounded.
+	mq := tinymq.New()
+	long := strings.Repeat("<", 300)
+	for i := range 2000 {
+		name := long + string(rune('a'+i%26)) + strings.Repeat("z", i/26)
+		require.NoError(t, mq.RegisterQueue(long, tinymq.Direct, nop, 1, tinymq.WithQueueName(name),
+			tinymq.WithBindingKey(strings.Repeat("&", 200)), tinymq.WithBindingKey(strings.Repeat(">", 200))))
+	}
+	t.Cleanup(mq.Stop)
+	ov, raw := overview(t, admin.Handler(mq))
+	assert.LessOrEqual(t, len(raw), 1<<20)
+	assert.Greater(t, len(raw), 1<<19, "the budget is used, not wasted")
+	assert.True(t, ov.Truncated)
+	assert.Equal(t, 2000, ov.QueueCount)
+	assert.Less(t, len(ov.Queues), 2000)
+	assert.NotEmpty(t, ov.Queues)
+	q := ov.Queues[0].Name
+	assert.LessOrEqual(t, len(q), 256)
+	assert.True(t, strings.HasSuffix(q, "…"), "a cut name says so")
+}
+
+func TestLongErrorsAreCut(t *testing.T) {
+	mq := tinymq.New()
+	huge := strings.Repeat("é", 10_000) // two bytes each: cut on a rune boundary
+	done := make(chan struct{})
+	var once sync.Once
+	require.NoError(t, mq.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		once.Do(func() { close(done) })
+		return errors.New(huge)
+	}, 1, tinymq.WithQueueName("q")))
+	require.NoError(t, mq.Start(context.Background()))
+	require.NoError(t, mq.Publish("ev", 1))
+	<-done
+	mq.Stop()
+	ov, raw := overview(t, admin.Handler(mq))
+	assert.Less(t, len(raw), 4096)
+	require.Len(t, ov.DeadLetters, 1)
+	msg := ov.DeadLetters[0].LastError
+	assert.LessOrEqual(t, len(msg), 256)
+	assert.Equal(t, strings.Repeat("é", 126)+"…", msg)
+}
+
+// panicky is an engine whose Stats panics while armed, and otherwise
+// reports counters that go down: hostile user code behind the MQ.
+type panicky struct {
+	mu    sync.Mutex
+	armed bool
+	calls uint64
+}
+
+func (*panicky) Init(tinymq.EngineConfig)                         {}
+func (*panicky) DeclareExchange(tinymq.ExchangeSpec) error        { return nil }
+func (*panicky) DeclareQueue(tinymq.QueueSpec) error              { return nil }
+func (*panicky) Bind(tinymq.BindingSpec) error                    { return nil }
+func (*panicky) Publish(context.Context, tinymq.Publishing) error { return nil }
+func (*panicky) Start(context.Context) error                      { return nil }
+func (*panicky) Shutdown(context.Context) error                   { return nil }
+func (e *panicky) Stats() tinymq.Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.armed {
+		panic("engine exploded")
+	}
+	e.calls++
+	return tinymq.Stats{Queues: map[string]tinymq.QueueStats{"q": {Accepted: 1000 - e.calls}}}
+}
+
+func TestHostileEngine(t *testing.T) {
+	e := &panicky{armed: true}
+	mq := tinymq.New(tinymq.WithEngine(e))
+	require.NoError(t, mq.RegisterQueue("ev", tinymq.Fanout, nop, 1, tinymq.WithQueueName("q")))
+	h := admin.Handler(mq, admin.WithRateWindow(time.Second))
+
+	res := get(t, h, http.MethodGet, "/api/overview")
+	assert.Equal(t, http.StatusInternalServerError, res.StatusCode)
+	assert.NotContains(t, body(t, res), "exploded", "the panic value is not echoed")
+
+	e.mu.Lock()
+	e.armed = false
+	e.mu.Unlock()
+	first, _ := overview(t, h)
+	assert.Equal(t, uint64(999), first.Queues[0].Counters["accepted"])
+	waitFor(t, "rates", func() bool {
+		ov, _ := overview(t, h)
+		return ov.RateSeconds != nil
+	})
+	ov, _ := overview(t, h)
+	assert.Zero(t, ov.Queues[0].Rates["published_per_sec"], "a counter that went down is no negative rate")
+	assert.Empty(t, ov.DeadLetters, "an engine keeps no dead letters")
+	require.NoError(t, mq.Shutdown(context.Background()))
+}
+
+func TestHandlerArguments(t *testing.T) {
+	assert.PanicsWithValue(t, "admin: Handler called with a nil *tinymq.MQ", func() { admin.Handler(nil) })
+
+	mq := tinymq.New()
+	t.Cleanup(mq.Stop)
+	for _, tc := range []struct {
+		opt  admin.Option
+		want int64
+	}{
+		{nil, 1000},
+		{admin.WithRefresh(0), 1000},
+		{admin.WithRefresh(-time.Second), 1000},
+		{admin.WithRefresh(time.Millisecond), 100},
+		{admin.WithRefresh(5 * time.Second), 5000},
+	} {
+		ov, _ := overview(t, admin.Handler(mq, tc.opt, admin.WithRateWindow(-1)))
+		assert.Equal(t, tc.want, ov.RefreshMillis)
+	}
+}

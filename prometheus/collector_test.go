@@ -1,0 +1,560 @@
+package tinymqprom_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/tinymq/tinymq"
+	tinymqprom "github.com/tinymq/tinymq/prometheus"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+var errBill = errors.New("card declined")
+
+// scenario runs an MQ through every counter the Collector exports, each to a
+// different value so that a swapped metric shows, and returns it stopped.
+// It runs in a synctest bubble for the TTL and the retry backoff.
+func scenario(t *testing.T) *tinymq.MQ {
+	t.Helper()
+	ok := func(context.Context, *tinymq.Msg) error { return nil }
+	mq := tinymq.New()
+	must := func(err error) { t.Helper(); require.NoError(t, err) }
+
+	// orders: 3 published; "bill" fails message 2 twice and dead-letters it.
+	must(mq.RegisterQueue("orders", tinymq.Fanout, ok, 1, tinymq.WithQueueName("ship")))
+	must(mq.RegisterQueue("orders", tinymq.Fanout, func(_ context.Context, m *tinymq.Msg) error {
+		if m.ID == 2 {
+			return errBill
+		}
+		return nil
+	}, 1, tinymq.WithQueueName("bill"),
+		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: 10 * time.Millisecond}),
+		tinymq.WithDeadLetter("orders.dead", "")))
+	must(mq.RegisterQueue("orders.dead", tinymq.Fanout, ok, 1, tinymq.WithQueueName("dead")))
+	// limited: 2 published, 1 rejected.
+	must(mq.RegisterQueue("limited", tinymq.Fanout, ok, 1, tinymq.WithQueueName("reject"),
+		tinymq.WithMaxLen(1, tinymq.RejectPublish)))
+	// burst: 4 published into a DropHead queue of 1: 3 overflow and are dropped.
+	must(mq.RegisterQueue("burst", tinymq.Fanout, ok, 1, tinymq.WithQueueName("drophead"),
+		tinymq.WithMaxLen(1, tinymq.DropHead)))
+	// ttl: 1 message expires before Start and is dropped.
+	must(mq.RegisterQueue("ttl", tinymq.Fanout, ok, 1, tinymq.WithQueueName("expire"),
+		tinymq.WithMessageTTL(time.Second)))
+	// nowhere: unroutable twice.
+	must(mq.DeclareExchange("nowhere", tinymq.Direct))
+
+	for i := range 3 {
+		must(mq.Publish("orders", i))
+	}
+	must(mq.Publish("limited", 1))
+	require.ErrorIs(t, mq.Publish("limited", 2), tinymq.ErrQueueFull)
+	for i := range 4 {
+		must(mq.Publish("burst", i))
+	}
+	must(mq.Publish("ttl", 1))
+	require.ErrorIs(t, mq.Publish("nowhere", 1), tinymq.ErrNoRoute)
+	require.ErrorIs(t, mq.Publish("nowhere", 2), tinymq.ErrNoRoute)
+	time.Sleep(2 * time.Second) // the bubble's clock: the ttl message expires
+
+	must(mq.Start(t.Context()))
+	mq.Stop()
+	return mq
+}
+
+const wantCounters = `
+# HELP tinymq_exchange_published_total Messages accepted by the exchange (Publish returned nil), each once however many queues it reached.
+# TYPE tinymq_exchange_published_total counter
+tinymq_exchange_published_total{exchange="burst"} 4
+tinymq_exchange_published_total{exchange="limited"} 1
+tinymq_exchange_published_total{exchange="nowhere"} 0
+tinymq_exchange_published_total{exchange="orders"} 3
+tinymq_exchange_published_total{exchange="orders.dead"} 1
+tinymq_exchange_published_total{exchange="ttl"} 1
+# HELP tinymq_exchange_unroutable_total Publishes to the exchange refused because no queue would take the message.
+# TYPE tinymq_exchange_unroutable_total counter
+tinymq_exchange_unroutable_total{exchange="burst"} 0
+tinymq_exchange_unroutable_total{exchange="limited"} 0
+tinymq_exchange_unroutable_total{exchange="nowhere"} 2
+tinymq_exchange_unroutable_total{exchange="orders"} 0
+tinymq_exchange_unroutable_total{exchange="orders.dead"} 0
+tinymq_exchange_unroutable_total{exchange="ttl"} 0
+# HELP tinymq_queue_accepted_total Messages accepted into the queue.
+# TYPE tinymq_queue_accepted_total counter
+tinymq_queue_accepted_total{queue="bill"} 3
+tinymq_queue_accepted_total{queue="dead"} 1
+tinymq_queue_accepted_total{queue="drophead"} 4
+tinymq_queue_accepted_total{queue="expire"} 1
+tinymq_queue_accepted_total{queue="reject"} 1
+tinymq_queue_accepted_total{queue="ship"} 3
+# HELP tinymq_queue_delivered_total Consumer calls, retries included.
+# TYPE tinymq_queue_delivered_total counter
+tinymq_queue_delivered_total{queue="bill"} 4
+tinymq_queue_delivered_total{queue="dead"} 1
+tinymq_queue_delivered_total{queue="drophead"} 1
+tinymq_queue_delivered_total{queue="expire"} 0
+tinymq_queue_delivered_total{queue="reject"} 1
+tinymq_queue_delivered_total{queue="ship"} 3
+# HELP tinymq_queue_succeeded_total Consumer calls that returned nil.
+# TYPE tinymq_queue_succeeded_total counter
+tinymq_queue_succeeded_total{queue="bill"} 2
+tinymq_queue_succeeded_total{queue="dead"} 1
+tinymq_queue_succeeded_total{queue="drophead"} 1
+tinymq_queue_succeeded_total{queue="expire"} 0
+tinymq_queue_succeeded_total{queue="reject"} 1
+tinymq_queue_succeeded_total{queue="ship"} 3
+# HELP tinymq_queue_failed_total Consumer calls that returned an error or panicked.
+# TYPE tinymq_queue_failed_total counter
+tinymq_queue_failed_total{queue="bill"} 2
+tinymq_queue_failed_total{queue="dead"} 0
+tinymq_queue_failed_total{queue="drophead"} 0
+tinymq_queue_failed_total{queue="expire"} 0
+tinymq_queue_failed_total{queue="reject"} 0
+tinymq_queue_failed_total{queue="ship"} 0
+# HELP tinymq_queue_retried_total Failed consumer calls scheduled for another attempt.
+# TYPE tinymq_queue_retried_total counter
+tinymq_queue_retried_total{queue="bill"} 1
+tinymq_queue_retried_total{queue="dead"} 0
+tinymq_queue_retried_total{queue="drophead"} 0
+tinymq_queue_retried_total{queue="expire"} 0
+tinymq_queue_retried_total{queue="reject"} 0
+tinymq_queue_retried_total{queue="ship"} 0
+# HELP tinymq_queue_dead_lettered_total Messages published to the queue's dead-letter exchange.
+# TYPE tinymq_queue_dead_lettered_total counter
+tinymq_queue_dead_lettered_total{queue="bill"} 1
+tinymq_queue_dead_lettered_total{queue="dead"} 0
+tinymq_queue_dead_lettered_total{queue="drophead"} 0
+tinymq_queue_dead_lettered_total{queue="expire"} 0
+tinymq_queue_dead_lettered_total{queue="reject"} 0
+tinymq_queue_dead_lettered_total{queue="ship"} 0
+# HELP tinymq_queue_expired_total Messages whose TTL passed before a consumer got them.
+# TYPE tinymq_queue_expired_total counter
+tinymq_queue_expired_total{queue="bill"} 0
+tinymq_queue_expired_total{queue="dead"} 0
+tinymq_queue_expired_total{queue="drophead"} 0
+tinymq_queue_expired_total{queue="expire"} 1
+tinymq_queue_expired_total{queue="reject"} 0
+tinymq_queue_expired_total{queue="ship"} 0
+# HELP tinymq_queue_overflowed_total Messages evicted by a DropHead length limit.
+# TYPE tinymq_queue_overflowed_total counter
+tinymq_queue_overflowed_total{queue="bill"} 0
+tinymq_queue_overflowed_total{queue="dead"} 0
+tinymq_queue_overflowed_total{queue="drophead"} 3
+tinymq_queue_overflowed_total{queue="expire"} 0
+tinymq_queue_overflowed_total{queue="reject"} 0
+tinymq_queue_overflowed_total{queue="ship"} 0
+# HELP tinymq_queue_rejected_total Publishes refused because the queue was full.
+# TYPE tinymq_queue_rejected_total counter
+tinymq_queue_rejected_total{queue="bill"} 0
+tinymq_queue_rejected_total{queue="dead"} 0
+tinymq_queue_rejected_total{queue="drophead"} 0
+tinymq_queue_rejected_total{queue="expire"} 0
+tinymq_queue_rejected_total{queue="reject"} 1
+tinymq_queue_rejected_total{queue="ship"} 0
+# HELP tinymq_queue_dropped_total Dead messages with no dead-letter exchange, or one that could not route them.
+# TYPE tinymq_queue_dropped_total counter
+tinymq_queue_dropped_total{queue="bill"} 0
+tinymq_queue_dropped_total{queue="dead"} 0
+tinymq_queue_dropped_total{queue="drophead"} 3
+tinymq_queue_dropped_total{queue="expire"} 1
+tinymq_queue_dropped_total{queue="reject"} 0
+tinymq_queue_dropped_total{queue="ship"} 0
+# HELP tinymq_queue_undelivered_total Messages a Shutdown deadline, or a Stop before Start, kept from a consumer.
+# TYPE tinymq_queue_undelivered_total counter
+tinymq_queue_undelivered_total{queue="bill"} 0
+tinymq_queue_undelivered_total{queue="dead"} 0
+tinymq_queue_undelivered_total{queue="drophead"} 0
+tinymq_queue_undelivered_total{queue="expire"} 0
+tinymq_queue_undelivered_total{queue="reject"} 0
+tinymq_queue_undelivered_total{queue="ship"} 0
+`
+
+var counterNames = []string{
+	"tinymq_exchange_published_total", "tinymq_exchange_unroutable_total",
+	"tinymq_queue_accepted_total", "tinymq_queue_delivered_total", "tinymq_queue_succeeded_total",
+	"tinymq_queue_failed_total", "tinymq_queue_retried_total", "tinymq_queue_dead_lettered_total",
+	"tinymq_queue_expired_total", "tinymq_queue_overflowed_total", "tinymq_queue_rejected_total",
+	"tinymq_queue_dropped_total", "tinymq_queue_undelivered_total",
+}
+
+func TestCollectEveryCounter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, err := tinymqprom.NewCollector(scenario(t))
+		require.NoError(t, err)
+		require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(wantCounters), counterNames...))
+
+		// Stopped, nothing waits or runs: every gauge is 0, for every queue.
+		for _, name := range []string{"tinymq_queue_messages_ready", "tinymq_queue_messages_scheduled", "tinymq_queue_messages_in_flight"} {
+			vals := values(t, c, name)
+			assert.Len(t, vals, 6, name)
+			for q, v := range vals {
+				assert.Zero(t, v, "%s{queue=%q}", name, q)
+			}
+		}
+	})
+}
+
+func TestLint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, err := tinymqprom.NewCollector(scenario(t))
+		require.NoError(t, err)
+		problems, err := testutil.CollectAndLint(c)
+		require.NoError(t, err)
+		assert.Empty(t, problems)
+	})
+}
+
+// values is gather's values of one metric.
+func values(t *testing.T, c prometheus.Collector, name string) map[string]float64 {
+	t.Helper()
+	all, err := gather(c)
+	require.NoError(t, err)
+	return all[name]
+}
+
+func TestGaugesWhileRunning(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	mq := tinymq.New()
+	require.NoError(t, mq.RegisterQueue("jobs", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-release
+		return nil
+	}, 1, tinymq.WithQueueName("jobs")))
+	require.NoError(t, mq.Start(t.Context()))
+	defer func() {
+		close(release)
+		_ = mq.Shutdown(canceled(t)) // drops the delayed message, and those behind
+		mq.Stop()
+	}()
+
+	require.NoError(t, mq.Publish("jobs", 0))
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the consumer was not called")
+	}
+	// Published once the only worker is stuck, so that they stay ready (a
+	// worker takes a batch of what is ready, and Stats counts the messages of
+	// a batch neither as ready nor in flight).
+	for i := range 3 {
+		require.NoError(t, mq.Publish("jobs", i+1))
+	}
+	require.NoError(t, mq.Publish("jobs", 99, tinymq.WithDelay(time.Hour)))
+
+	// One message is stuck in the consumer: Collect must not wait for it.
+	c, err := tinymqprom.NewCollector(mq)
+	require.NoError(t, err)
+	type result struct {
+		vals map[string]map[string]float64
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		vals, err := gather(c)
+		done <- result{vals, err}
+	}()
+	select {
+	case r := <-done:
+		require.NoError(t, r.err)
+		assert.Equal(t, map[string]float64{"jobs": 1}, r.vals["tinymq_queue_messages_in_flight"])
+		assert.Equal(t, map[string]float64{"jobs": 3}, r.vals["tinymq_queue_messages_ready"])
+		assert.Equal(t, map[string]float64{"jobs": 1}, r.vals["tinymq_queue_messages_scheduled"])
+		assert.Equal(t, map[string]float64{"jobs": 5}, r.vals["tinymq_queue_accepted_total"])
+	case <-time.After(10 * time.Second):
+		t.Fatal("Collect waited for a consumer")
+	}
+}
+
+// gather registers c alone and returns the value of every counter and gauge,
+// by metric name and then by the value of its one variable label.
+func gather(c prometheus.Collector) (map[string]map[string]float64, error) {
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		return nil, err
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]map[string]float64{}
+	for _, mf := range mfs {
+		vals := map[string]float64{}
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != 1 {
+				continue
+			}
+			switch mf.GetType() {
+			case dto.MetricType_COUNTER:
+				vals[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			case dto.MetricType_GAUGE:
+				vals[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+		out[mf.GetName()] = vals
+	}
+	return out, nil
+}
+
+func canceled(t *testing.T) context.Context {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	return ctx
+}
+
+func TestConsumerTimeSummary(t *testing.T) {
+	mq := tinymq.New()
+	require.NoError(t, mq.RegisterQueue("q", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil },
+		1, tinymq.WithQueueName("q")))
+	require.NoError(t, mq.RegisterQueue("idle", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil },
+		1, tinymq.WithQueueName("idle")))
+	c, err := tinymqprom.NewCollector(mq)
+	require.NoError(t, err)
+	require.NoError(t, mq.Start(t.Context()))
+	for i := range 40 {
+		require.NoError(t, mq.Publish("q", i))
+	}
+	mq.Stop()
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var found int
+	for _, mf := range mfs {
+		if mf.GetName() != "tinymq_queue_consumer_time_seconds" {
+			continue
+		}
+		require.Equal(t, dto.MetricType_SUMMARY, mf.GetType())
+		for _, m := range mf.GetMetric() {
+			found++
+			s := m.GetSummary()
+			qs := mq.Stats().Queues[m.GetLabel()[0].GetValue()]
+			assert.Equal(t, qs.ConsumerTime.Samples, s.GetSampleCount())
+			require.Len(t, s.GetQuantile(), 3)
+			if qs.ConsumerTime.Samples == 0 {
+				assert.Zero(t, s.GetSampleSum())
+				for _, q := range s.GetQuantile() {
+					assert.True(t, math.IsNaN(q.GetValue()), "quantile %v of a queue with no samples", q.GetQuantile())
+				}
+				continue
+			}
+			assert.LessOrEqual(t, s.GetSampleCount(), uint64(40))
+			assert.InDelta(t, qs.ConsumerTime.P99.Seconds(), s.GetQuantile()[2].GetValue(), 1e-12)
+			assert.GreaterOrEqual(t, s.GetSampleSum(), 0.0)
+		}
+	}
+	assert.Equal(t, 2, found)
+}
+
+func TestNewCollectorRefuses(t *testing.T) {
+	mq := tinymq.New()
+	for _, tc := range []struct {
+		name string
+		mq   *tinymq.MQ
+		opts []tinymqprom.Option
+	}{
+		{"nil mq", nil, nil},
+		{"nil option", mq, []tinymqprom.Option{nil}},
+		{"no buckets", mq, []tinymqprom.Option{tinymqprom.WithBuckets()}},
+		{"decreasing buckets", mq, []tinymqprom.Option{tinymqprom.WithBuckets(1, 0.5)}},
+		{"equal buckets", mq, []tinymqprom.Option{tinymqprom.WithBuckets(1, 1)}},
+		{"own label", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"queue": "x"})}},
+		{"le label", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"le": "x"})}},
+		{"bad label", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"a-b": "x"})}},
+		{"reserved label", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"__x": "x"})}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := tinymqprom.NewCollector(tc.mq, tc.opts...)
+			assert.Error(t, err)
+			assert.Nil(t, c)
+		})
+	}
+}
+
+func TestTwoMQsWithConstLabels(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	for _, name := range []string{"billing", "shipping"} {
+		mq := tinymq.New()
+		require.NoError(t, mq.RegisterQueue("events", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+			tinymq.WithQueueName("events")))
+		c, err := tinymqprom.NewCollector(mq, tinymqprom.WithConstLabels(prometheus.Labels{"mq": name}))
+		require.NoError(t, err)
+		require.NoError(t, reg.Register(c))
+	}
+	n, err := testutil.GatherAndCount(reg, "tinymq_queue_accepted_total")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	// Without the labels the second one collides with the first.
+	mq := tinymq.New()
+	require.NoError(t, mq.DeclareExchange("events", tinymq.Fanout))
+	c1, err := tinymqprom.NewCollector(mq)
+	require.NoError(t, err)
+	c2, err := tinymqprom.NewCollector(mq)
+	require.NoError(t, err)
+	reg2 := prometheus.NewRegistry()
+	require.NoError(t, reg2.Register(c1))
+	assert.Error(t, reg2.Register(c2))
+}
+
+// TestScrapeOverHTTP serves a registry on loopback, as an application would,
+// and parses what a Prometheus server would read.
+func TestScrapeOverHTTP(t *testing.T) {
+	mq := tinymq.New()
+	c, err := tinymqprom.NewCollector(mq)
+	require.NoError(t, err)
+	require.NoError(t, mq.RegisterQueue("user.created", tinymq.Fanout,
+		c.Instrument(func(_ context.Context, m *tinymq.Msg) error {
+			if m.Data.(int)%2 == 1 {
+				return errBill
+			}
+			return nil
+		}), 2, tinymq.WithQueueName("welcome")))
+	require.NoError(t, mq.Start(t.Context()))
+	for i := range 10 {
+		require.NoError(t, mq.Publish("user.created", i))
+	}
+	mq.Stop()
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	require.True(t, strings.HasPrefix(srv.URL, "http://127.0.0.1:"), srv.URL)
+
+	resp, err := srv.Client().Get(srv.URL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+
+	byQueue := func(name string) float64 {
+		mf := mfs[name]
+		require.NotNil(t, mf, name)
+		require.Len(t, mf.GetMetric(), 1, name)
+		assert.Equal(t, "welcome", mf.GetMetric()[0].GetLabel()[0].GetValue())
+		return mf.GetMetric()[0].GetCounter().GetValue()
+	}
+	assert.Equal(t, 10.0, byQueue("tinymq_queue_delivered_total"))
+	assert.Equal(t, 5.0, byQueue("tinymq_queue_succeeded_total"))
+	assert.Equal(t, 5.0, byQueue("tinymq_queue_failed_total"))
+	assert.Equal(t, 5.0, byQueue("tinymq_queue_dropped_total"))
+	assert.Equal(t, dto.MetricType_COUNTER, mfs["tinymq_exchange_published_total"].GetType())
+	assert.Equal(t, dto.MetricType_GAUGE, mfs["tinymq_queue_messages_ready"].GetType())
+	assert.Equal(t, dto.MetricType_SUMMARY, mfs["tinymq_queue_consumer_time_seconds"].GetType())
+
+	hist := mfs["tinymq_queue_consumer_duration_seconds"]
+	require.NotNil(t, hist)
+	require.Equal(t, dto.MetricType_HISTOGRAM, hist.GetType())
+	counts := map[string]uint64{}
+	for _, m := range hist.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		assert.Equal(t, "welcome", labels["queue"])
+		counts[labels["result"]] = m.GetHistogram().GetSampleCount()
+		assert.GreaterOrEqual(t, len(m.GetHistogram().GetBucket()), len(tinymqprom.DefaultBuckets))
+	}
+	assert.Equal(t, map[string]uint64{"success": 5, "error": 5, "panic": 0}, counts)
+}
+
+// TestCollectRacingPublishers scrapes over and over while publishers and
+// consumers run; under -race it checks that the Collector shares nothing
+// unsafely, and that every counter only grows from scrape to scrape.
+func TestCollectRacingPublishers(t *testing.T) {
+	mq := tinymq.New()
+	c, err := tinymqprom.NewCollector(mq)
+	require.NoError(t, err)
+	const queues, publishers, each = 8, 4, 500
+	for i := range queues {
+		require.NoError(t, mq.RegisterQueue(fmt.Sprintf("ex%d", i), tinymq.Fanout,
+			c.Instrument(func(context.Context, *tinymq.Msg) error { return nil }), 1,
+			tinymq.WithQueueName(fmt.Sprintf("q%d", i))))
+	}
+	require.NoError(t, mq.Start(t.Context()))
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	stop := make(chan struct{})
+	scraped := make(chan error, 1)
+	go func() {
+		last := map[string]float64{}
+		for {
+			mfs, err := reg.Gather()
+			if err != nil {
+				scraped <- err
+				return
+			}
+			for _, mf := range mfs {
+				for _, m := range mf.GetMetric() {
+					var v float64
+					switch mf.GetType() {
+					case dto.MetricType_COUNTER:
+						v = m.GetCounter().GetValue()
+					case dto.MetricType_SUMMARY:
+						v = m.GetSummary().GetSampleSum()
+					default:
+						continue
+					}
+					key := mf.GetName() + m.String()
+					if v < last[key] {
+						scraped <- fmt.Errorf("%s went down: %v after %v", key, v, last[key])
+						return
+					}
+					last[key] = v
+				}
+			}
+			select {
+			case <-stop:
+				scraped <- nil
+				return
+			default:
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for p := range publishers {
+		wg.Go(func() {
+			for i := range each {
+				assert.NoError(t, mq.Publish(fmt.Sprintf("ex%d", (p+i)%queues), i))
+			}
+		})
+	}
+	wg.Wait()
+	mq.Stop()
+	close(stop)
+	require.NoError(t, <-scraped)
+
+	var total float64
+	for _, v := range values(t, c, "tinymq_queue_succeeded_total") {
+		total += v
+	}
+	assert.Equal(t, float64(publishers*each), total)
+}
