@@ -28,7 +28,8 @@ type ExchangeStats struct {
 type QueueStats struct {
 	// Depth is how many messages wait: Ready plus Scheduled.
 	Depth int
-	// Ready is how many messages wait for a worker.
+	// Ready is how many messages wait for a worker: in the queue, or taken by
+	// a worker in a batch and not yet begun.
 	Ready int
 	// Scheduled is how many messages wait for a delay or a retry backoff.
 	Scheduled int
@@ -102,7 +103,7 @@ func (m *MQ) Stats() Stats {
 
 func (q *queue) stats() QueueStats {
 	q.mu.Lock()
-	qs := QueueStats{Ready: q.buf.n, Scheduled: q.scheduled, Accepted: q.accepted}
+	qs := QueueStats{Ready: q.buf.n + q.batchedLocked(), Scheduled: q.scheduled, Accepted: q.accepted}
 	q.mu.Unlock()
 	qs.Depth = qs.Ready + qs.Scheduled
 	qs.InFlight = int(q.inFlight())
