@@ -38,6 +38,16 @@
 // failure is logged (see [WithLogger]) and the worker goes on. With concurrency
 // 1 a queue delivers in publish order.
 //
+// # User code
+//
+// Consumers, filters, loggers and codecs are called as untrusted code: a
+// panic, a typed nil error or runtime.Goexit fails one delivery and never a
+// worker. They may call back into the MQ: [MQ.Publish], [MQ.Stats],
+// [MQ.RegisterQueue] and [MQ.Bind] work as from anywhere else; [MQ.Stop] and
+// [MQ.Shutdown], called from a consumer or a logger, begin the stop and
+// return at once, since waiting would wait for the caller. Filters run with
+// no lock held. What they must not do is block forever.
+//
 // # Lifecycle
 //
 // [MQ.Start] starts the workers; messages published before it wait for it.
