@@ -9,6 +9,8 @@ import (
 	"runtime/debug"
 	"sync"
 	"time"
+
+	"github.com/tinymq/tinymq/internal/wal"
 )
 
 // ConsumerFunc handles one message of a queue.
@@ -153,6 +155,9 @@ func isNil(err error) bool {
 // nothing (success), a retry, or a dead letter.
 func (q *queue) settle(m *Msg, err error) {
 	if err == nil {
+		if m.dkey != "" {
+			q.mq.dur.ack(q.name, m.dkey, nil) // before the count, which tests wait for
+		}
 		q.c.succeeded.Add(1)
 		return
 	}
@@ -172,6 +177,10 @@ func (q *queue) retryLater(m *Msg, err error) {
 	backoff := q.cfg.retry.backoff(m.Attempt)
 	next := new(Msg)
 	*next = *m
+	if m.dkey != "" {
+		q.mq.dur.saveState(q.name, m.dkey, queueState{attempt: m.Attempt,
+			dueAt: deadline(time.Now(), backoff), lastErr: errorText(err)})
+	}
 	evicted, overflow, aborted := q.schedule(next, backoff)
 	switch {
 	case aborted:
@@ -201,6 +210,14 @@ func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
 		death.LastError = errorText(cause)
 	}
 	deaths := addDeath(m.Deaths, death)
+	acked := m.dkey == "" // nothing to acknowledge for an in-memory queue
+	var src func(b *wal.Batch)
+	if !acked {
+		src = func(b *wal.Batch) { // the move to a durable queue is one batch
+			q.mq.dur.ack(q.name, m.dkey, b)
+			acked = true
+		}
+	}
 	var err error
 	if q.cfg.dlx == "" {
 		err = errNoDeadLetterExchange
@@ -209,7 +226,10 @@ func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
 		if key == "" {
 			key = m.RoutingKey
 		}
-		err = q.mq.publishDead(q.cfg.dlx, m.Data, key, m.Headers, deaths)
+		err = q.mq.publishDead(q.cfg.dlx, m.Data, key, m.Headers, deaths, src)
+	}
+	if !acked {
+		q.mq.dur.ack(q.name, m.dkey, nil)
 	}
 	rec := DeadLetter{Death: deaths[0]}
 	if err == nil {

@@ -96,6 +96,17 @@ var (
 	// ErrPanicked is matched, with errors.Is, by every [*PanicError].
 	ErrPanicked = errors.New("tinymq: panic")
 
+	// ErrLocked is returned (wrapped) when the data directory ([WithDataDir])
+	// is in use by another MQ, in this process or another.
+	ErrLocked = errors.New("tinymq: data directory locked by another MQ")
+
+	// ErrLog is wrapped by the errors of the write-ahead log: opening it,
+	// or writing to it (a full disk, a failed fsync). A Publish that returns
+	// it was not accepted by any queue. Once a write or an fsync has failed,
+	// every durable publish fails until the MQ is stopped and started again,
+	// which re-reads what really is on disk; in-memory queues keep working.
+	ErrLog = errors.New("tinymq: write-ahead log")
+
 	// ErrUnsupported is returned by an MQ on an [Engine] for an option or call
 	// that the engine cannot honour; the error names the difference.
 	ErrUnsupported = errors.New("tinymq: not supported by this engine")

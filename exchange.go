@@ -3,6 +3,7 @@ package tinymq
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 )
 
@@ -72,7 +73,10 @@ type exchange struct {
 	name       string
 	kind       ExchangeType
 	cfg        exchangeConfig
-	seq        atomic.Uint64 // messages accepted
+	seq        atomic.Uint64 // the last ID stamped
+	base       uint64        // seq when this run declared the exchange: Published is seq-base
+	reserved   atomic.Uint64 // IDs up to this are recorded in the log (see reserveIDs)
+	reserveMu  sync.Mutex
 	unroutable atomic.Uint64 // publishes refused with ErrNoRoute
 
 	all     []*queue            // fanout: every bound queue; headers: every queue with bindings

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 type mqState uint8
@@ -48,9 +49,11 @@ type MQ struct {
 	// code, the scheduler, or another queue's lock out of order. The
 	// scheduler's lock is never held together with a queue lock. Filters and
 	// loggers run with no lock held.
-	log    *slog.Logger
-	codec  Codec
-	engine Engine // nil: in memory
+	log       *slog.Logger
+	codec     Codec
+	engine    Engine // nil: in memory
+	dataDir   string
+	syncEvery time.Duration
 
 	initOnce sync.Once
 	own      owned // goroutine ids of the MQ's own goroutines
@@ -82,6 +85,9 @@ type MQ struct {
 	lost      abortTally    // what the abort dropped, set before aborted is closed
 
 	deadLetters deadLetterRing
+
+	dur    *durableLog // the write-ahead log once open; set under the write lock
+	durErr error       // why it could not be opened
 }
 
 // abortTally is what Shutdown's deadline left undone.
@@ -233,6 +239,10 @@ func (m *MQ) declareLocked(name string, kind ExchangeType, cfg exchangeConfig, c
 		return ex, nil
 	}
 	ex := newExchange(name, kind, cfg)
+	if m.dur != nil {
+		ex.base = m.dur.seqs[name]
+		ex.seq.Store(ex.base)
+	}
 	m.exchanges[name] = ex
 	return ex, nil
 }
@@ -277,6 +287,14 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 	if m.engine != nil {
 		return m.registerOnEngine(exchange, kind, consumer, concurrency, name, cfg)
 	}
+	if cfg.durable {
+		if cfg.name == "" || m.dataDir == "" {
+			return fmt.Errorf("%w: a durable queue needs WithQueueName and the MQ WithDataDir", ErrInvalidOption)
+		}
+		if err := m.openLog(); err != nil {
+			return err
+		}
+	}
 	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false)
 	if err != nil {
 		return err
@@ -285,6 +303,9 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 	m.queues[name] = q
 	m.order = append(m.order, q)
 	ex.bind(q, cfg.binding, hbs)
+	if cfg.durable {
+		m.restore(q)
+	}
 	if m.state == stateRunning {
 		m.startWorkers(q)
 	}
@@ -369,6 +390,16 @@ func (m *MQ) Start(ctx context.Context) error {
 		m.state = stateRunning
 		m.stopAfter = context.AfterFunc(ctx, m.Stop)
 		return nil
+	}
+	if err := m.openLog(); err != nil {
+		return err
+	}
+	if m.dur != nil {
+		for q, n := range m.dur.unregistered() {
+			m.logAttrs(slog.LevelWarn, "tinymq: the log holds messages of a durable queue that is not registered", func(a []slog.Attr) []slog.Attr {
+				return append(a, slog.String("queue", q), slog.Int("count", n))
+			})
+		}
 	}
 	m.ctx, m.cancel = context.WithCancel(ctx)
 	m.state = stateRunning
@@ -509,6 +540,7 @@ func (m *MQ) beginStop() {
 		if n := m.abortAll().undelivered; n > 0 {
 			m.stopErr = fmt.Errorf("%w: %d messages published before Start were dropped by a stop before Start", ErrUndelivered, n)
 		}
+		m.closeLog()
 		close(m.done)
 		return
 	}
@@ -541,6 +573,7 @@ wait:
 	}
 	close(m.schedQuit)
 	m.wg.Wait()
+	m.closeLog()
 	m.cancel()
 	m.stopAfter()
 	close(m.done)

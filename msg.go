@@ -14,7 +14,8 @@ import (
 type Msg struct {
 	// ID is the sequence number the exchange stamped on the message when Publish
 	// accepted it: 1 for the first message of an exchange, and the same in every
-	// queue's copy.
+	// queue's copy. With a data directory ([WithDataDir]) IDs stay unique across
+	// restarts: a restarted exchange goes on after the IDs it had reserved.
 	ID uint64
 	// Exchange is the exchange the message was published to. A message that
 	// reached the queue through an alternate exchange keeps the name of the
@@ -39,9 +40,10 @@ type Msg struct {
 	// broker (RabbitMQ's redelivered flag).
 	Redelivered bool
 
-	expires int64 // UnixNano after which it is expired; 0: never
-	lastErr error // the consumer's last error, kept for a later death
-	shared  bool  // an exchange's prototype for plain entries, never delivered
+	expires int64  // UnixNano after which it is expired; 0: never
+	lastErr error  // the consumer's last error, kept for a later death
+	dkey    string // its key in the write-ahead log, for a durable queue
+	shared  bool   // an exchange's prototype for plain entries, never delivered
 }
 
 // PublishOption configures one Publish call. Options are plain values, so

@@ -29,6 +29,7 @@ type queueConfig struct {
 	overflow Overflow
 	dlx      string
 	dlxKey   string
+	durable  bool
 }
 
 type queueOptionFunc func(*queueConfig) error

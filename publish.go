@@ -3,9 +3,12 @@ package tinymq
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"slices"
 	"time"
+
+	"github.com/tinymq/tinymq/internal/wal"
 )
 
 // Publish is [MQ.PublishContext] with a context that never ends. It blocks only
@@ -45,7 +48,7 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 		return m.publishOnEngine(ctx, exchange, data, &pc)
 	}
 	for {
-		r := m.publish(exchange, data, &pc, nil, false)
+		r := m.publish(exchange, data, &pc, nil, nil)
 		if r.room == nil {
 			settleEvicted(r.evicted)
 			return r.err
@@ -80,9 +83,13 @@ func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc 
 // that is full or closed, or that the message would cycle through (see
 // isCycle), does not get its copy, and the others do. It fails only when no
 // queue gets the message.
-func (m *MQ) publishDead(exchange string, data any, key string, headers map[string]any, deaths []Death) error {
+//
+// src adds the source queue's acknowledgement to the log batch of a dead
+// letter that reaches a durable queue, so that the move is atomic; when it
+// is not called, the caller acknowledges on its own.
+func (m *MQ) publishDead(exchange string, data any, key string, headers map[string]any, deaths []Death, src func(*wal.Batch)) error {
 	pc := publishConfig{routingKey: key, headers: headers}
-	r := m.publish(exchange, data, &pc, deaths, true)
+	r := m.publish(exchange, data, &pc, deaths, &deadLetter{src: src})
 	settleEvicted(r.evicted)
 	return r.err
 }
@@ -107,13 +114,20 @@ func settleEvicted(evs []eviction) {
 	}
 }
 
+// deadLetter marks a publish as a dead letter: internal, not all or nothing,
+// and going on while the MQ stops.
+type deadLetter struct {
+	src func(*wal.Batch) // see publishDead; may be nil
+}
+
 // publish routes and enqueues under the read lock, so that Stop, which takes
 // the write lock, sees each publish either completely or not at all.
 // internal publishes (dead letters) go on while the MQ stops. Filters are
 // user code and may call back into the MQ, so they run without the lock: the
 // message is routed, the lock released while the filters decide, and the
 // queues they kept then take it under the lock again.
-func (m *MQ) publish(name string, data any, pc *publishConfig, deaths []Death, internal bool) publishResult {
+func (m *MQ) publish(name string, data any, pc *publishConfig, deaths []Death, dl *deadLetter) publishResult {
+	internal := dl != nil
 	m.mu.RLock()
 	if !internal && m.state >= stateStopping {
 		m.mu.RUnlock()
@@ -163,7 +177,7 @@ func (m *MQ) publish(name string, data any, pc *publishConfig, deaths []Death, i
 			dst, msgs = dst[:n], msgs[:n]
 		}
 		if len(dst) > 0 {
-			r := enqueue(ex, dst, msgs, data, pc, internal)
+			r := m.enqueue(ex, dst, msgs, data, pc, deaths, dl)
 			m.mu.RUnlock()
 			return r
 		}
@@ -200,12 +214,17 @@ func runFilters(dst []*queue, msgs []*Msg) (int, error) {
 
 // enqueue accepts msgs[i] into dst[i]: all or none for a publish, every queue
 // that can take it for a dead letter.
-func enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, internal bool) publishResult {
+func (m *MQ) enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, deaths []Death, dl *deadLetter) publishResult {
+	internal := dl != nil
 	timed := pc.delay > 0 || pc.ttl > 0
-	bounded := false
+	bounded, durable := false, false
 	for _, q := range dst {
 		timed = timed || q.cfg.ttl > 0
 		bounded = bounded || q.cfg.maxLen > 0
+		durable = durable || q.cfg.durable
+	}
+	if durable {
+		return m.enqueueDurable(ex, dst, msgs, data, pc, deaths, dl)
 	}
 	var now time.Time
 	if timed {
@@ -216,6 +235,7 @@ func enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfi
 		// after Stop took the write lock, or when aborted, and then a publish
 		// is refused before it gets here), so one queue at a time will do.
 		id := ex.seq.Add(1)
+		m.reserveIDsIfLogged(ex, id)
 		for i, q := range dst {
 			if err := q.accept(newEntry(msgs[i], id, data), now, pc.ttl); err != nil {
 				return publishResult{err: err}
@@ -223,15 +243,15 @@ func enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfi
 		}
 		return publishResult{}
 	}
-	return enqueueLocked(ex, dst, msgs, data, pc, now, internal)
+	return m.enqueueBounded(ex, dst, msgs, data, pc, now, internal)
 }
 
-// enqueueLocked is enqueue where a queue may refuse the message: it locks
+// enqueueBounded is enqueue where a queue may refuse the message: it locks
 // every queue (in id order, the one order all multi-queue lockers use),
 // checks that each can take it, then stamps the ID and enqueues. A publish
 // refused by one queue is refused by all; a dead letter skips the queues that
 // refuse it.
-func enqueueLocked(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, now time.Time, internal bool) publishResult {
+func (m *MQ) enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, now time.Time, internal bool) publishResult {
 	sortByID(dst, msgs)
 	for _, q := range dst {
 		q.mu.Lock()
@@ -260,6 +280,7 @@ func enqueueLocked(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publis
 		return publishResult{err: refused}
 	}
 	id := ex.seq.Add(1)
+	m.reserveIDsIfLogged(ex, id)
 	var res publishResult
 	var wbuf [8]bool
 	var xbuf [8]int64
@@ -324,4 +345,131 @@ func runFilter(keep func(*Msg) bool, msg *Msg) (ok bool, err error) {
 		}
 	}()
 	return keep(msg), nil
+}
+
+// reserveIDsIfLogged is reserveIDs for a publish that reaches no durable
+// queue: a failure of the log does not stop in-memory queues, so it is
+// logged, not returned.
+func (m *MQ) reserveIDsIfLogged(ex *exchange, id uint64) {
+	if m.dur == nil {
+		return
+	}
+	if err := m.reserveIDs(ex, id); err != nil {
+		m.logAttrs(slog.LevelError, "tinymq: message IDs may repeat after a restart", func(a []slog.Attr) []slog.Attr {
+			return append(a, slog.String("exchange", ex.name), slog.String("err", err.Error()))
+		})
+	}
+}
+
+// enqueueDurable is enqueue where some queues are durable. It admits the
+// message into every queue (all or none for a publish, those that can for a
+// dead letter) and holds room in the bounded ones; writes the message to the
+// log once, with the dead letter's source acknowledgement if any, and waits
+// for the sync; and only then enqueues it, so that nothing a consumer can
+// see, or a Publish reports, is missing from the disk.
+func (m *MQ) enqueueDurable(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, deaths []Death, dl *deadLetter) publishResult {
+	internal := dl != nil
+	d := m.dur // durable queues exist only once the log is open
+	sortByID(dst, msgs)
+	for _, q := range dst {
+		q.mu.Lock()
+	}
+	n := 0
+	var refused error
+	for i, q := range dst {
+		room, err := q.admitLocked(internal)
+		if err == nil && room == nil {
+			q.reserved++
+			dst[n], msgs[n] = q, msgs[i]
+			n++
+			q.mu.Unlock()
+			continue
+		}
+		q.mu.Unlock()
+		if internal {
+			refused = err
+			continue
+		}
+		for _, o := range dst[i+1:] {
+			o.mu.Unlock()
+		}
+		unreserve(dst[:n])
+		return publishResult{err: err, room: room}
+	}
+	dst, msgs = dst[:n], msgs[:n]
+	if len(dst) == 0 {
+		return publishResult{err: refused}
+	}
+	fail := func(err error) publishResult {
+		unreserve(dst)
+		return publishResult{err: err}
+	}
+	id := ex.seq.Add(1)
+	if err := m.reserveIDs(ex, id); err != nil {
+		return fail(err)
+	}
+	body, err := encodeData(d.codec, data)
+	if err != nil {
+		return fail(err)
+	}
+	now := time.Now()
+	key := msgKey(ex.name, id)
+	rec := storedMsg{publishedAt: now.UnixNano(), visibleAt: deadline(now, pc.delay), expiration: pc.ttl,
+		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body}
+	for i, q := range dst {
+		if q.cfg.durable {
+			rec.queues = append(rec.queues, q.name)
+			dm := *msgs[i] // durable queues never share their exchange's prototype
+			dm.Data, dm.dkey = Encoded{Body: body, Codec: d.codec}, key
+			msgs[i] = &dm
+		}
+	}
+	var b wal.Batch
+	b.Put([]byte(key), rec.encode())
+	if dl != nil && dl.src != nil {
+		dl.src(&b)
+	}
+	d.mu.Lock()
+	d.refs[key] = &msgRefs{pending: len(rec.queues)}
+	d.mu.Unlock()
+	if err := d.log.Commit(&b); err != nil {
+		d.mu.Lock()
+		delete(d.refs, key)
+		d.mu.Unlock()
+		return fail(fmt.Errorf("%w: %w", ErrLog, err))
+	}
+	for _, q := range dst {
+		q.mu.Lock()
+	}
+	var res publishResult
+	wake := make([]bool, len(dst))
+	expiry := make([]int64, len(dst))
+	for i, q := range dst {
+		q.reserved--
+		ev, w := q.enqueueLocked(newEntry(msgs[i], id, data), now, pc.delay, pc.ttl)
+		if ev != nil {
+			res.evicted = append(res.evicted, eviction{q, ev})
+		}
+		wake[i], expiry[i] = w, q.armExpiryLocked()
+	}
+	for _, q := range dst {
+		q.mu.Unlock()
+	}
+	for i, q := range dst {
+		q.wakeAfter(wake[i], expiry[i])
+		if pc.delay > 0 && !evictedSelf(res.evicted, msgs[i]) {
+			m.sched.add(now.Add(pc.delay), q, msgs[i])
+		}
+	}
+	return res
+}
+
+// unreserve gives back the room enqueueDurable held.
+func unreserve(qs []*queue) {
+	for _, q := range qs {
+		q.mu.Lock()
+		q.reserved--
+		q.freeRoomLocked()
+		q.mu.Unlock()
+	}
 }

@@ -41,7 +41,7 @@ type entry struct {
 // the Msg before enqueue), no TTL (enqueueLocked stamps expires on the Msg)
 // and no length limit (eviction dead-letters the Msg).
 func (q *queue) takesShared() bool {
-	return q.cfg.filter == nil && q.cfg.ttl == 0 && q.cfg.maxLen == 0
+	return q.cfg.filter == nil && q.cfg.ttl == 0 && q.cfg.maxLen == 0 && !q.cfg.durable
 }
 
 // msg returns the Msg to deliver for e, allocating it for a plain entry.
@@ -147,6 +147,7 @@ type queue struct {
 	accepted  uint64        // messages published into the queue
 	entered   uint64        // entries into buf or the scheduler: accepted messages and retries
 	expiryAt  int64         // when the scheduler checks the head for expiry; 0: no check pending
+	reserved  int           // room held for durable publishes waiting for the log
 	abortLost uint64        // what abort counted as undelivered, for drain to log
 
 	// The workers' counters below get a cache line of their own, away from
@@ -191,7 +192,7 @@ func newQueue(id int, name string, consumer ConsumerFunc, concurrency int, cfg q
 // fullLocked reports whether the queue is at its length limit. Bounded queues
 // take one message at a time, so no batch holds waiting messages. q.mu is held.
 func (q *queue) fullLocked() bool {
-	return q.cfg.maxLen > 0 && q.buf.n+q.scheduled >= q.cfg.maxLen
+	return q.cfg.maxLen > 0 && q.buf.n+q.scheduled+q.reserved >= q.cfg.maxLen
 }
 
 // roomLocked returns a channel closed when the queue may have room. q.mu is held.

@@ -16,7 +16,8 @@ type Stats struct {
 type ExchangeStats struct {
 	Kind ExchangeType
 	// Published counts the messages accepted (Publish returned nil), each once
-	// however many queues it reached; the last one's [Msg.ID] equals it.
+	// however many queues it reached. Without a data directory the last one's
+	// [Msg.ID] equals it.
 	Published uint64
 	// Unroutable counts the publishes refused with [ErrNoRoute].
 	Unroutable uint64
@@ -64,6 +65,14 @@ type QueueStats struct {
 	// Start, kept from a consumer. They were logged.
 	Undelivered uint64
 
+	// Durable says that the queue keeps its messages in the write-ahead log
+	// ([WithDurable]).
+	Durable bool
+	// Unregistered marks a durable queue whose messages the log holds but
+	// that this process has not registered (yet): Depth and Ready count
+	// them, and every other field is zero. They are never deleted unasked.
+	Unregistered bool
+
 	// ConsumerTime summarizes how long the consumer took, from a sample of
 	// the calls (every call when the queue is not busy).
 	ConsumerTime DurationStats
@@ -93,10 +102,17 @@ func (m *MQ) Stats() Stats {
 		Queues:    make(map[string]QueueStats, len(m.order)),
 	}
 	for name, ex := range m.exchanges {
-		s.Exchanges[name] = ExchangeStats{Kind: ex.kind, Published: ex.seq.Load(), Unroutable: ex.unroutable.Load()}
+		s.Exchanges[name] = ExchangeStats{Kind: ex.kind, Published: ex.seq.Load() - ex.base, Unroutable: ex.unroutable.Load()}
 	}
 	for _, q := range m.order {
 		s.Queues[q.name] = q.stats()
+	}
+	if m.dur != nil {
+		for name, n := range m.dur.unregistered() {
+			if _, ok := s.Queues[name]; !ok {
+				s.Queues[name] = QueueStats{Depth: n, Ready: n, Durable: true, Unregistered: true}
+			}
+		}
 	}
 	return s
 }
@@ -106,6 +122,7 @@ func (q *queue) stats() QueueStats {
 	qs := QueueStats{Ready: q.buf.n + q.batchedLocked(), Scheduled: q.scheduled, Accepted: q.accepted}
 	q.mu.Unlock()
 	qs.Depth = qs.Ready + qs.Scheduled
+	qs.Durable = q.cfg.durable
 	qs.InFlight = int(q.inFlight())
 	c := &q.c
 	qs.Delivered, qs.Succeeded, qs.Failed = c.delivered.Load(), c.succeeded.Load(), c.failed.Load()

@@ -1,0 +1,407 @@
+package tinymq
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// This file encodes what durable queues keep in the write-ahead log. Keys:
+//
+//	m/<exchange>\x00<id, 8 bytes big-endian>   a message, once per publish
+//	a/<len(queue)><queue><message key>         the queue acknowledged it
+//	s/<len(queue)><queue><message key>         its state in the queue (retries)
+//	x/<exchange>                               IDs reserved for the exchange
+//
+// A message's value lists the durable queues it was routed to; it is deleted,
+// with its a/ and s/ keys, when the last of them acknowledges it. Values start
+// with a format version byte. Header values keep their exact Go type, so that
+// a consumer sees the same Msg before and after a restart.
+
+const recordVersion = 1
+
+var errBadRecord = errors.New("tinymq: malformed log record")
+
+// storedMsg is a message as the log keeps it.
+type storedMsg struct {
+	publishedAt int64 // UnixNano: replay order
+	visibleAt   int64 // UnixNano when it joins its queues (after any delay)
+	expiration  time.Duration
+	routingKey  string
+	headers     map[string]any
+	deaths      []Death
+	body        []byte
+	queues      []string
+}
+
+// queueState is a message's state in one queue, once it has been retried.
+type queueState struct {
+	attempt int
+	dueAt   int64 // UnixNano of the next attempt
+	lastErr string
+}
+
+func msgKey(exchange string, id uint64) string {
+	b := make([]byte, 0, 2+len(exchange)+1+8)
+	b = append(b, "m/"...)
+	b = append(b, exchange...)
+	b = append(b, 0)
+	return string(binary.BigEndian.AppendUint64(b, id))
+}
+
+// parseMsgKey returns the exchange and ID of a message key.
+func parseMsgKey(k string) (exchange string, id uint64, ok bool) {
+	if len(k) < 2+1+8 || k[:2] != "m/" || k[len(k)-9] != 0 {
+		return "", 0, false
+	}
+	return k[2 : len(k)-9], binary.BigEndian.Uint64([]byte(k[len(k)-8:])), true
+}
+
+// queueKey is the a/ or s/ key of message key mk in queue.
+func queueKey(prefix, queue, mk string) []byte {
+	b := make([]byte, 0, 2+binary.MaxVarintLen64+len(queue)+len(mk))
+	b = append(b, prefix...)
+	b = binary.AppendUvarint(b, uint64(len(queue)))
+	b = append(b, queue...)
+	return append(b, mk...)
+}
+
+// parseQueueKey splits an a/ or s/ key into its queue and message key.
+func parseQueueKey(k []byte) (queue, mk string, ok bool) {
+	if len(k) < 2 {
+		return "", "", false
+	}
+	rest := k[2:]
+	n, w := binary.Uvarint(rest)
+	if w <= 0 || uint64(len(rest)-w) < n {
+		return "", "", false
+	}
+	return string(rest[w : w+int(n)]), string(rest[w+int(n):]), true
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func (s *storedMsg) encode() []byte {
+	b := make([]byte, 0, 64+len(s.body)+len(s.routingKey))
+	b = append(b, recordVersion)
+	b = binary.AppendVarint(b, s.publishedAt)
+	b = binary.AppendVarint(b, s.visibleAt)
+	b = binary.AppendVarint(b, int64(s.expiration))
+	b = appendString(b, s.routingKey)
+	if s.headers == nil {
+		b = append(b, 0)
+	} else {
+		b = append(b, 1)
+		b = appendTable(b, s.headers)
+	}
+	b = binary.AppendUvarint(b, uint64(len(s.deaths)))
+	for _, d := range s.deaths {
+		b = appendString(b, string(d.Reason))
+		b = appendString(b, d.Exchange)
+		b = appendString(b, d.Queue)
+		b = appendString(b, d.RoutingKey)
+		b = binary.AppendVarint(b, int64(d.Attempts))
+		b = binary.AppendVarint(b, int64(d.Count))
+		b = binary.AppendUvarint(b, d.MessageID)
+		b = appendString(b, d.LastError)
+		b = binary.AppendVarint(b, d.Time.UnixNano())
+	}
+	b = appendString(b, string(s.body))
+	b = binary.AppendUvarint(b, uint64(len(s.queues)))
+	for _, q := range s.queues {
+		b = appendString(b, q)
+	}
+	return b
+}
+
+func (s *queueState) encode() []byte {
+	b := []byte{recordVersion}
+	b = binary.AppendVarint(b, int64(s.attempt))
+	b = binary.AppendVarint(b, s.dueAt)
+	return appendString(b, s.lastErr)
+}
+
+// reader decodes what the append functions wrote; the first error sticks.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) fail() {
+	if r.err == nil {
+		r.err = errBadRecord
+	}
+	r.b = nil
+}
+
+func (r *reader) byte() byte {
+	if len(r.b) < 1 {
+		r.fail()
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
+func (r *reader) varint() int64 {
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.fail()
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) uvarint() uint64 {
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail()
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) bytes() []byte {
+	n := r.uvarint()
+	if uint64(len(r.b)) < n {
+		r.fail()
+		return nil
+	}
+	v := r.b[:n:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) string() string { return string(r.bytes()) }
+
+// count reads a length that must fit what is left (at least min bytes each).
+func (r *reader) count(min int) int {
+	n := r.uvarint()
+	if n > uint64(len(r.b)/max(min, 1)) {
+		r.fail()
+		return 0
+	}
+	return int(n)
+}
+
+func decodeStoredMsg(b []byte) (*storedMsg, error) {
+	r := &reader{b: b}
+	if r.byte() != recordVersion {
+		return nil, fmt.Errorf("%w: unknown message record version", errBadRecord)
+	}
+	s := &storedMsg{}
+	s.publishedAt = r.varint()
+	s.visibleAt = r.varint()
+	s.expiration = time.Duration(r.varint())
+	s.routingKey = r.string()
+	if r.byte() == 1 {
+		s.headers = r.table(0)
+	}
+	nd := r.count(9)
+	for range nd {
+		var d Death
+		d.Reason = DeathReason(r.string())
+		d.Exchange = r.string()
+		d.Queue = r.string()
+		d.RoutingKey = r.string()
+		d.Attempts = int(r.varint())
+		d.Count = int(r.varint())
+		d.MessageID = r.uvarint()
+		d.LastError = r.string()
+		d.Time = time.Unix(0, r.varint())
+		s.deaths = append(s.deaths, d)
+	}
+	s.body = append([]byte(nil), r.bytes()...)
+	nq := r.count(1)
+	for range nq {
+		s.queues = append(s.queues, r.string())
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return s, nil
+}
+
+func decodeQueueState(b []byte) (queueState, error) {
+	r := &reader{b: b}
+	if r.byte() != recordVersion {
+		return queueState{}, errBadRecord
+	}
+	s := queueState{attempt: int(r.varint()), dueAt: r.varint(), lastErr: r.string()}
+	return s, r.err
+}
+
+// Go type tags of header values: validateValue has checked that each value
+// is one of these.
+const (
+	tagNil = iota + 1
+	tagFalse
+	tagTrue
+	tagInt
+	tagInt8
+	tagInt16
+	tagInt32
+	tagInt64
+	tagUint
+	tagUint8
+	tagUint16
+	tagUint32
+	tagUint64
+	tagFloat32
+	tagFloat64
+	tagString
+	tagBytes
+	tagTime
+	tagArray
+	tagTable
+)
+
+func appendTable(b []byte, t map[string]any) []byte {
+	b = binary.AppendUvarint(b, uint64(len(t)))
+	for k, v := range t {
+		b = appendString(b, k)
+		b = appendValue(b, v)
+	}
+	return b
+}
+
+func appendValue(b []byte, v any) []byte {
+	switch v := v.(type) {
+	case nil:
+		return append(b, tagNil)
+	case bool:
+		if v {
+			return append(b, tagTrue)
+		}
+		return append(b, tagFalse)
+	case int:
+		return binary.AppendVarint(append(b, tagInt), int64(v))
+	case int8:
+		return binary.AppendVarint(append(b, tagInt8), int64(v))
+	case int16:
+		return binary.AppendVarint(append(b, tagInt16), int64(v))
+	case int32:
+		return binary.AppendVarint(append(b, tagInt32), int64(v))
+	case int64:
+		return binary.AppendVarint(append(b, tagInt64), v)
+	case uint:
+		return binary.AppendUvarint(append(b, tagUint), uint64(v))
+	case uint8:
+		return binary.AppendUvarint(append(b, tagUint8), uint64(v))
+	case uint16:
+		return binary.AppendUvarint(append(b, tagUint16), uint64(v))
+	case uint32:
+		return binary.AppendUvarint(append(b, tagUint32), uint64(v))
+	case uint64:
+		return binary.AppendUvarint(append(b, tagUint64), v)
+	case float32:
+		return binary.LittleEndian.AppendUint32(append(b, tagFloat32), math.Float32bits(v))
+	case float64:
+		return binary.LittleEndian.AppendUint64(append(b, tagFloat64), math.Float64bits(v))
+	case string:
+		return appendString(append(b, tagString), v)
+	case []byte:
+		return appendString(append(b, tagBytes), string(v))
+	case time.Time:
+		return binary.AppendVarint(append(b, tagTime), v.UnixNano())
+	case []any:
+		b = binary.AppendUvarint(append(b, tagArray), uint64(len(v)))
+		for _, e := range v {
+			b = appendValue(b, e)
+		}
+		return b
+	case map[string]any:
+		return appendTable(append(b, tagTable), v)
+	}
+	return append(b, tagNil) // unreachable for validated headers
+}
+
+func (r *reader) table(depth int) map[string]any {
+	if depth > maxDepth {
+		r.fail()
+		return nil
+	}
+	n := r.count(2)
+	t := make(map[string]any, n)
+	for range n {
+		k := r.string()
+		t[k] = r.value(depth)
+	}
+	return t
+}
+
+func (r *reader) value(depth int) any {
+	switch r.byte() {
+	case tagNil:
+		return nil
+	case tagFalse:
+		return false
+	case tagTrue:
+		return true
+	case tagInt:
+		return int(r.varint())
+	case tagInt8:
+		return int8(r.varint())
+	case tagInt16:
+		return int16(r.varint())
+	case tagInt32:
+		return int32(r.varint())
+	case tagInt64:
+		return r.varint()
+	case tagUint:
+		return uint(r.uvarint())
+	case tagUint8:
+		return uint8(r.uvarint())
+	case tagUint16:
+		return uint16(r.uvarint())
+	case tagUint32:
+		return uint32(r.uvarint())
+	case tagUint64:
+		return r.uvarint()
+	case tagFloat32:
+		if len(r.b) < 4 {
+			r.fail()
+			return nil
+		}
+		v := math.Float32frombits(binary.LittleEndian.Uint32(r.b))
+		r.b = r.b[4:]
+		return v
+	case tagFloat64:
+		if len(r.b) < 8 {
+			r.fail()
+			return nil
+		}
+		v := math.Float64frombits(binary.LittleEndian.Uint64(r.b))
+		r.b = r.b[8:]
+		return v
+	case tagString:
+		return r.string()
+	case tagBytes:
+		return append([]byte{}, r.bytes()...)
+	case tagTime:
+		return time.Unix(0, r.varint())
+	case tagArray:
+		if depth >= maxDepth {
+			r.fail()
+			return nil
+		}
+		n := r.count(1)
+		a := make([]any, 0, n)
+		for range n {
+			a = append(a, r.value(depth+1))
+		}
+		return a
+	case tagTable:
+		return r.table(depth + 1)
+	}
+	r.fail()
+	return nil
+}

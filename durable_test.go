@@ -1,0 +1,237 @@
+package tinymq_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinymq/tinymq"
+)
+
+type order struct {
+	ID    int
+	Items []string
+}
+
+// A durable queue's messages that no consumer acknowledged are delivered
+// after a restart, with Redelivered set, and a Handler gets the same T.
+func TestDurableMessagesSurviveARestart(t *testing.T) {
+	dir := t.TempDir()
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("orders", tinymq.Fanout, failing, 1,
+		tinymq.WithQueueName("billing"), tinymq.WithDurable()))
+	for i := range 5 {
+		require.NoError(t, m.Publish("orders", order{ID: i, Items: []string{"book"}}, tinymq.WithHeaders(map[string]any{"n": int32(i)})))
+	}
+	// Stopped before Start: nothing was delivered, everything is on disk.
+	require.ErrorIs(t, m.Shutdown(context.Background()), tinymq.ErrUndelivered)
+
+	got := make(chan order, 10)
+	var mu sync.Mutex
+	var msgs []*tinymq.Msg
+	m = tinymq.New(tinymq.WithDataDir(dir))
+	h := tinymq.Handler(func(_ context.Context, o order) error {
+		got <- o
+		return nil
+	})
+	require.NoError(t, m.RegisterQueue("orders", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+		mu.Lock()
+		msgs = append(msgs, msg)
+		mu.Unlock()
+		return h(ctx, msg)
+	}, 1, tinymq.WithQueueName("billing"), tinymq.WithDurable()))
+	require.NoError(t, m.Start(context.Background()))
+	for i, o := range recv(t, got, 5) {
+		assert.Equal(t, order{ID: i, Items: []string{"book"}}, o, "in publish order, the same T")
+	}
+	m.Stop()
+	for i, msg := range msgs {
+		assert.True(t, msg.Redelivered)
+		assert.Equal(t, uint64(i+1), msg.ID)
+		assert.Equal(t, int32(i), msg.Headers["n"], "headers keep their Go types")
+		assert.IsType(t, tinymq.Encoded{}, msg.Data)
+	}
+
+	// All acknowledged: a third run gets nothing.
+	m = tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("orders", tinymq.Fanout, failing, 1, tinymq.WithQueueName("billing"), tinymq.WithDurable()))
+	require.NoError(t, m.Start(context.Background()))
+	assert.Zero(t, m.Stats().Queues["billing"].Depth)
+	require.NoError(t, m.Publish("orders", order{ID: 9}))
+	m.Stop()
+	assert.Equal(t, uint64(1), m.Stats().Exchanges["orders"].Published, "counts this run's")
+}
+
+// A consumer of a durable queue gets Data as an Encoded before a restart
+// too: what it receives cannot depend on a crash. In-memory queues of the
+// same publish get the value itself.
+func TestDurableDataIsEncodedEveryTime(t *testing.T) {
+	m := tinymq.New(tinymq.WithDataDir(t.TempDir()))
+	durable := make(chan *tinymq.Msg, 1)
+	memory := make(chan *tinymq.Msg, 1)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(durable), 1, tinymq.WithQueueName("d"), tinymq.WithDurable()))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(memory), 1, tinymq.WithQueueName("m")))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("ev", order{ID: 1}))
+	d, mem := recv(t, durable, 1)[0], recv(t, memory, 1)[0]
+	m.Stop()
+	assert.Equal(t, order{ID: 1}, mem.Data)
+	var o order
+	require.NoError(t, d.Data.(tinymq.Encoded).Decode(&o))
+	assert.Equal(t, order{ID: 1}, o)
+	assert.False(t, d.Redelivered)
+	assert.Equal(t, mem.ID, d.ID)
+}
+
+// Acknowledged messages are not delivered again; unacknowledged ones are.
+func TestOnlyUnacknowledgedMessagesComeBack(t *testing.T) {
+	dir := t.TempDir()
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+		var n int
+		require.NoError(t, msg.Data.(tinymq.Encoded).Decode(&n))
+		if n < 5 {
+			return nil
+		}
+		<-ctx.Done() // stuck until Shutdown's deadline
+		return ctx.Err()
+	}, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+	require.NoError(t, m.Start(context.Background()))
+	for i := range 10 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
+	m.Stop()
+
+	got := make(chan int, 10)
+	m = tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, tinymq.Handler(func(_ context.Context, n int) error {
+		got <- n
+		return nil
+	}), 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+	require.NoError(t, m.Start(context.Background()))
+	// Message 5 failed when its context was cancelled: with no retry policy
+	// and no dead-letter exchange it was dropped, which ends it as well.
+	assert.Equal(t, []int{6, 7, 8, 9}, recv(t, got, 4))
+	m.Stop()
+}
+
+func TestDataDirIsLocked(t *testing.T) {
+	dir := t.TempDir()
+	a := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, a.Start(context.Background()))
+	b := tinymq.New(tinymq.WithDataDir(dir))
+	assert.ErrorIs(t, b.Start(context.Background()), tinymq.ErrLocked)
+	assert.ErrorIs(t, b.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()), tinymq.ErrLocked)
+	b.Stop()
+	a.Stop()
+	c := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, c.Start(context.Background()), "Stop releases the directory")
+	c.Stop()
+}
+
+func TestDurableNeedsANameAndADataDir(t *testing.T) {
+	m := tinymq.New()
+	assert.ErrorIs(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()), tinymq.ErrInvalidOption)
+	m = tinymq.New(tinymq.WithDataDir(t.TempDir()))
+	assert.ErrorIs(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithDurable()), tinymq.ErrInvalidOption)
+	m.Stop()
+}
+
+// Moving a message to a durable dead-letter queue is one log batch: after a
+// restart it is in exactly one of the two queues.
+func TestDeadLetterMoveIsAtomic(t *testing.T) {
+	dir := t.TempDir()
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		return tinymq.Permanent(errors.New("bad"))
+	}, 1, tinymq.WithQueueName("work"), tinymq.WithDurable(), tinymq.WithDeadLetter("dead", "")))
+	busy := make(chan struct{})
+	require.NoError(t, m.RegisterQueue("dead", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
+		close(busy)
+		<-ctx.Done()
+		return nil // the blocker is acknowledged; the dead letter waits behind it
+	}, 1, tinymq.WithQueueName("parked"), tinymq.WithDurable()))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("dead", "blocker"))
+	closedWithin(t, busy, "the blocker reaching the consumer")
+	require.NoError(t, m.Publish("ev", "x"))
+	require.Eventually(t, func() bool { return m.Stats().Queues["parked"].Depth == 1 }, wait, time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = m.Shutdown(ctx)
+	m.Stop()
+
+	m = tinymq.New(tinymq.WithDataDir(dir))
+	got := make(chan *tinymq.Msg, 2)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("work"), tinymq.WithDurable()))
+	require.NoError(t, m.RegisterQueue("dead", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("parked"), tinymq.WithDurable()))
+	require.NoError(t, m.Start(context.Background()))
+	msg := recv(t, got, 1)[0]
+	m.Stop()
+	assert.Empty(t, got)
+	assert.Equal(t, "parked", msg.Queue)
+	require.Len(t, msg.Deaths, 1)
+	assert.Equal(t, "work", msg.Deaths[0].Queue)
+	assert.Equal(t, "bad", msg.Deaths[0].LastError)
+}
+
+// Retry attempts survive a restart.
+func TestRetryAttemptsSurviveARestart(t *testing.T) {
+	dir := t.TempDir()
+	retry := tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour})
+	failed := make(chan struct{})
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		close(failed)
+		return errors.New("first attempt")
+	}, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(), retry))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("ev", 1))
+	closedWithin(t, failed, "the first attempt")
+	require.Eventually(t, func() bool { return m.Stats().Queues["q"].Scheduled == 1 }, wait, time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = m.Shutdown(ctx)
+	m.Stop()
+
+	m = tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(), retry))
+	require.NoError(t, m.Start(context.Background()))
+	st := m.Stats().Queues["q"]
+	assert.Equal(t, 1, st.Scheduled, "still backing off: its hour has not passed")
+	_ = m.Shutdown(ctx)
+	m.Stop()
+}
+
+// The log keeps the messages of a durable queue that is not registered
+// again; Stats shows them.
+func TestUnregisteredDurableQueueIsShownNotDeleted(t *testing.T) {
+	dir := t.TempDir()
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("old"), tinymq.WithDurable()))
+	require.NoError(t, m.Publish("ev", 1))
+	require.NoError(t, m.Publish("ev", 2))
+	_ = m.Shutdown(context.Background())
+
+	m = tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.Start(context.Background()))
+	st := m.Stats().Queues["old"]
+	assert.True(t, st.Unregistered)
+	assert.Equal(t, 2, st.Depth)
+	m.Stop()
+
+	m = tinymq.New(tinymq.WithDataDir(dir))
+	got := make(chan *tinymq.Msg, 2)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("old"), tinymq.WithDurable()))
+	require.NoError(t, m.Start(context.Background()))
+	recv(t, got, 2)
+	m.Stop()
+}

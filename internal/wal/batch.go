@@ -1,0 +1,70 @@
+package wal
+
+import "encoding/binary"
+
+// Batch is a list of Put and Delete operations that [Log.Commit] writes as one
+// record: after a crash either all of them are in the log or none. The zero
+// value is an empty batch ready to use.
+//
+// Put and Delete copy their arguments, so the caller may reuse its slices at
+// once. A Batch may be reused (Reset) once Commit or CommitAsync returns. A
+// Batch is not safe for concurrent use.
+type Batch struct {
+	buf []byte // a record being built: recPrefixLen bytes reserved, then the ops
+	n   int    // number of ops
+}
+
+func (b *Batch) init() {
+	if len(b.buf) < recPrefixLen {
+		b.buf = append(b.buf[:0], make([]byte, recPrefixLen)...)
+	}
+}
+
+// Put records that key is set to val. A later Put or Delete of the same key,
+// in this batch or a later one, overrides it. Empty keys and values are
+// allowed. It never blocks.
+func (b *Batch) Put(key, val []byte) {
+	b.init()
+	b.buf = append(b.buf, opPut)
+	b.buf = binary.AppendUvarint(b.buf, uint64(len(key)))
+	b.buf = append(b.buf, key...)
+	b.buf = binary.AppendUvarint(b.buf, uint64(len(val)))
+	b.buf = append(b.buf, val...)
+	b.n++
+}
+
+// Delete records that key is removed. Deleting a key that is not set is
+// allowed and costs a few bytes in the log. It never blocks.
+func (b *Batch) Delete(key []byte) {
+	b.init()
+	b.buf = append(b.buf, opDelete)
+	b.buf = binary.AppendUvarint(b.buf, uint64(len(key)))
+	b.buf = append(b.buf, key...)
+	b.n++
+}
+
+// Reset empties the batch and keeps its memory for reuse.
+func (b *Batch) Reset() {
+	b.buf = b.buf[:0]
+	b.n = 0
+}
+
+// Len returns the number of operations in the batch.
+func (b *Batch) Len() int { return b.n }
+
+// Size returns the number of bytes the batch takes in the log, framing
+// included.
+func (b *Batch) Size() int {
+	if len(b.buf) < recPrefixLen {
+		return recPrefixLen
+	}
+	return len(b.buf)
+}
+
+// record returns the batch as an unsealed record (count set; length, seq,
+// synced and CRC left for the writer). It aliases the batch.
+func (b *Batch) record() []byte {
+	b.init()
+	binary.LittleEndian.PutUint32(b.buf[recHeaderLen+16:], uint32(b.n))
+	return b.buf
+}

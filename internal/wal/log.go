@@ -1,0 +1,470 @@
+package wal
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+const (
+	reqQueueLen   = 1024    // requests waiting for the writer
+	maxGroup      = 1024    // requests written and synced together
+	maxGroupBytes = 4 << 20 // bytes after which the writer stops gathering
+	lockName      = "LOCK"
+)
+
+// Log is an append-only, crash-safe key/value log. Open it, change it with
+// batches ([Log.Commit]), read its live state ([Log.Get], [Log.Range]) and
+// Close it. All methods are safe for concurrent use.
+//
+// # Concurrency map
+//
+// Goroutines: one writer (run), started by Open and joined by Close (it closes
+// done). It alone writes, syncs, rolls, compacts and removes segments, and
+// mutates index and segs. Nothing else is started.
+//
+// Locks (taken in this order, never the other way; no user code runs under
+// any of them except readers, see below):
+//   - closeMu: Commit, CommitAsync and Sync hold it shared while they check
+//     closed and send on reqs; Close holds it exclusively to set closed and
+//     close reqs, so no send can race with the close.
+//   - readers: Get and Range hold it shared while they read segment files,
+//     including while Range calls its fn. The writer only TryLocks it to remove
+//     a segment (and retries later), so a reader never waits for it and fn may
+//     call any method, Close included.
+//   - mu: guards index, segs and the segments' sizes and live counts. The
+//     writer reads them without it (it is their only writer) and writes them
+//     under it; everyone else reads them under it.
+type Log struct {
+	dir  string
+	opts Options
+	fs   fileSystem
+	log  *slog.Logger
+	lock io.Closer
+
+	recovery Recovery // set by Open, read-only afterwards
+
+	reqs chan *request // closed by Close; the writer drains it
+	done chan struct{} // closed when the writer returns
+
+	closeMu sync.RWMutex
+	closed  bool // under closeMu
+
+	isClosed  atomic.Bool // set by Close; Get, Range and Stats check it
+	closeOnce sync.Once
+	closeErr  error
+
+	failed atomic.Pointer[error] // the error wrapping ErrFailed, once failed
+
+	readers sync.RWMutex
+
+	mu        sync.Mutex
+	index     map[string]loc
+	segs      []*segment // oldest first, ids contiguous; the last is the head
+	liveBytes int64
+
+	syncs, commits, compactions, removed atomic.Uint64
+
+	w writer // the writer goroutine's own state
+}
+
+// loc is where a live value is: segment, offset and length of the value, and
+// the encoded size of its op (for the live-bytes accounting).
+type loc struct {
+	seg  uint64
+	off  int64
+	vlen uint32
+	cost uint32
+}
+
+// segment is one segment file.
+type segment struct {
+	segHeader
+	path      string
+	f         file
+	size      int64  // valid bytes; the head's grows as the writer writes
+	records   uint64 // records in the segment
+	liveKeys  int    // index entries pointing into the segment
+	liveBytes int64  // their cost
+}
+
+func segName(id uint64) string { return fmt.Sprintf("%020d.wal", id) }
+
+// parseSegName returns the id of a segment file name, or false.
+func parseSegName(name string) (uint64, bool) {
+	num, ok := strings.CutSuffix(name, ".wal")
+	if !ok || len(num) != 20 {
+		return 0, false
+	}
+	var id uint64
+	for _, c := range []byte(num) {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		next := id*10 + uint64(c-'0')
+		if next/10 != id {
+			return 0, false
+		}
+		id = next
+	}
+	return id, true
+}
+
+// Open opens the log in dir, creating dir if needed, and replays it: the live
+// state is rebuilt in memory as an index of keys to value positions (values
+// stay on disk). Open takes an exclusive lock on dir (a flock on dir/LOCK) and
+// fails with an error wrapping [ErrLocked] while another Log, in this process
+// or another, has it.
+//
+// A torn tail (an incomplete or damaged last write, as a crash leaves it; see
+// the package documentation) is cut and reported by [Log.Recovery]. Damage
+// anywhere else fails Open with a [*CorruptError] wrapping [ErrCorrupt], unless
+// Options.Repair is set. Open blocks for the time of the replay, which reads
+// every segment once, and for one fdatasync.
+func Open(dir string, opts Options) (*Log, error) {
+	return open(dir, opts, osFS{})
+}
+
+func open(dir string, opts Options, fsys fileSystem) (*Log, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := fsys.MkdirAll(dir); err != nil {
+		return nil, fmt.Errorf("wal: %w", err)
+	}
+	// Make dir's own entry durable, in case MkdirAll just created it.
+	if err := fsys.SyncDir(filepath.Dir(filepath.Clean(dir))); err != nil {
+		return nil, fmt.Errorf("wal: %w", err)
+	}
+	lock, err := lockFile(filepath.Join(dir, lockName))
+	if err != nil {
+		return nil, err
+	}
+	l := &Log{
+		dir:   dir,
+		opts:  opts,
+		fs:    fsys,
+		log:   opts.Logger,
+		lock:  lock,
+		index: make(map[string]loc),
+		reqs:  make(chan *request, reqQueueLen),
+		done:  make(chan struct{}),
+	}
+	if err := l.recover(); err != nil {
+		l.closeFiles()
+		lock.Close()
+		return nil, err
+	}
+	// What was replayed may have been in the page cache only (the last process
+	// died before its sync): make it durable before anyone acts on it. Every
+	// other segment was synced before the one after it was created.
+	head := l.head()
+	if err := head.f.Datasync(); err != nil {
+		l.closeFiles()
+		lock.Close()
+		return nil, fmt.Errorf("wal: fdatasync %s: %w", head.path, err)
+	}
+	l.syncs.Add(1)
+	l.w.nextSeq = head.firstSeq + head.records
+	l.w.written = l.w.nextSeq - 1
+	l.w.synced = l.w.written
+	go l.run()
+	return l, nil
+}
+
+// request is a batch (or a Sync) sent to the writer.
+type request struct {
+	rec  []byte     // an unsealed record; nil for Sync
+	sync bool       // Sync: fdatasync whatever the policy
+	done chan error // receives the outcome; nil for CommitAsync
+}
+
+var donePool = sync.Pool{New: func() any { return make(chan error, 1) }}
+
+// Commit writes b as one record and returns when it is durable under the
+// sync policy: under [SyncAlways] after an fdatasync that covers it (shared
+// with concurrent Commits), under [SyncInterval] once it is written to the
+// file. After Commit returns nil, Get and Range see the batch; b may then be
+// reused. A nil b is an empty batch.
+//
+// Commit blocks for the write and the sync (and while the writer's queue is
+// full). If the write or the sync fails, it returns an error wrapping the
+// cause and [ErrFailed], and the batch may or may not be in the log after a
+// reopen. After Close it returns [ErrClosed].
+func (l *Log) Commit(b *Batch) error {
+	rec, err := recordOf(b)
+	if err != nil {
+		return err
+	}
+	done := donePool.Get().(chan error)
+	if err := l.send(&request{rec: rec, done: done}); err != nil {
+		donePool.Put(done)
+		return err
+	}
+	err = <-done
+	donePool.Put(done)
+	return err
+}
+
+// CommitAsync orders b in the log behind every batch already committed or
+// ordered, and returns without waiting for the write or the sync: use it for
+// changes that may be lost in a crash (such as acknowledgements), which then
+// never cost an fdatasync of their own. The batch becomes durable with the
+// next sync: a later Commit's (under SyncAlways), Sync, Close, or the
+// background sync, which comes at most 100ms (SyncAlways) or the sync
+// interval after its write. Get and Range see it once the writer has written
+// it. b may be reused at once (CommitAsync copies it).
+//
+// CommitAsync blocks only while the writer's queue is full. A failure of its
+// later write shows as ErrFailed in the calls after it. After Close it
+// returns [ErrClosed].
+func (l *Log) CommitAsync(b *Batch) error {
+	rec, err := recordOf(b)
+	if err != nil {
+		return err
+	}
+	return l.send(&request{rec: bytes.Clone(rec)})
+}
+
+// Sync returns once every batch committed or ordered before it is durable,
+// whatever the sync policy. It blocks for one fdatasync (none if nothing is
+// pending). It returns an error wrapping [ErrFailed] if the log failed, and
+// [ErrClosed] after Close.
+func (l *Log) Sync() error {
+	done := donePool.Get().(chan error)
+	if err := l.send(&request{sync: true, done: done}); err != nil {
+		donePool.Put(done)
+		return err
+	}
+	err := <-done
+	donePool.Put(done)
+	return err
+}
+
+func recordOf(b *Batch) ([]byte, error) {
+	if b == nil {
+		b = &Batch{}
+	}
+	rec := b.record()
+	if len(rec)-recHeaderLen > maxBodyLen {
+		return nil, fmt.Errorf("%w: %d bytes", ErrBatchTooLarge, len(rec))
+	}
+	return rec, nil
+}
+
+// send hands r to the writer, which will answer on r.done.
+func (l *Log) send(r *request) error {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if l.closed {
+		return ErrClosed
+	}
+	if err := l.failure(); err != nil {
+		return err
+	}
+	l.reqs <- r
+	return nil
+}
+
+// failure returns the error wrapping ErrFailed, or nil.
+func (l *Log) failure() error {
+	if p := l.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Get returns the live value of key, read from its segment file, and whether
+// there is one. It sees every batch whose Commit has returned. It blocks for
+// one read. After Close it returns [ErrClosed].
+func (l *Log) Get(key []byte) ([]byte, bool, error) {
+	if l.isClosed.Load() {
+		return nil, false, ErrClosed
+	}
+	l.readers.RLock()
+	defer l.readers.RUnlock()
+	l.mu.Lock()
+	lc, ok := l.index[string(key)]
+	var f file
+	if ok {
+		f = l.segByID(lc.seg).f
+	}
+	l.mu.Unlock()
+	if !ok {
+		return nil, false, nil
+	}
+	val := make([]byte, lc.vlen)
+	if err := readFull(f, val, lc.off); err != nil {
+		return nil, false, l.readErr(lc.seg, err)
+	}
+	return val, true, nil
+}
+
+// Range calls fn for every live key and its value in ascending key order,
+// until fn returns false. The keys come from a snapshot of the in-memory
+// index taken when Range starts (a Commit that returns before Range is called
+// is in it); the values are read from the segment files one at a time, so a
+// large state never has to fit in memory. key and val are only valid until fn
+// returns.
+//
+// fn may call any method of the Log. While Range runs, the writer postpones
+// removing dead segments. Range blocks for a sort of the keys and one read
+// per value. It returns the first read error, or [ErrClosed] after Close.
+func (l *Log) Range(fn func(key, val []byte) bool) error {
+	if l.isClosed.Load() {
+		return ErrClosed
+	}
+	l.readers.RLock()
+	defer l.readers.RUnlock()
+	type entry struct {
+		key string
+		loc
+		f file
+	}
+	l.mu.Lock()
+	ents := make([]entry, 0, len(l.index))
+	for k, lc := range l.index {
+		ents = append(ents, entry{k, lc, l.segByID(lc.seg).f})
+	}
+	l.mu.Unlock()
+	slices.SortFunc(ents, func(a, b entry) int { return strings.Compare(a.key, b.key) })
+	var buf []byte
+	for _, e := range ents {
+		if cap(buf) < int(e.vlen) {
+			buf = make([]byte, e.vlen)
+		}
+		val := buf[:e.vlen]
+		if err := readFull(e.f, val, e.off); err != nil {
+			return l.readErr(e.seg, err)
+		}
+		if !fn([]byte(e.key), val) {
+			return nil
+		}
+	}
+	return nil
+}
+
+func (l *Log) readErr(seg uint64, err error) error {
+	if l.isClosed.Load() {
+		return ErrClosed
+	}
+	return fmt.Errorf("wal: read %s: %w", segName(seg), err)
+}
+
+func readFull(f file, p []byte, off int64) error {
+	n, err := f.ReadAt(p, off)
+	if n == len(p) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// segByID returns the segment with that id, which must exist. Under mu, or in
+// the writer.
+func (l *Log) segByID(id uint64) *segment {
+	return l.segs[id-l.segs[0].id]
+}
+
+// Stats is a snapshot of a Log's counters.
+type Stats struct {
+	Segments  int   // segment files
+	DiskBytes int64 // their total size
+	LiveKeys  int   // keys with a live value
+	// LiveBytes is the size of the live entries as encoded in the log (keys,
+	// values and 2 to 20 bytes of framing each).
+	LiveBytes int64
+
+	Commits         uint64 // batches written since Open (Commit and CommitAsync)
+	Syncs           uint64 // fdatasyncs of segment files since Open
+	Compactions     uint64 // records written by compaction since Open
+	SegmentsRemoved uint64 // dead segments deleted since Open
+}
+
+// Stats returns the log's counters. It is cheap (one short lock) and works
+// after Close, returning the last values.
+func (l *Log) Stats() Stats {
+	l.mu.Lock()
+	s := Stats{Segments: len(l.segs), LiveKeys: len(l.index), LiveBytes: l.liveBytes}
+	for _, seg := range l.segs {
+		s.DiskBytes += seg.size
+	}
+	l.mu.Unlock()
+	s.Commits = l.commits.Load()
+	s.Syncs = l.syncs.Load()
+	s.Compactions = l.compactions.Load()
+	s.SegmentsRemoved = l.removed.Load()
+	return s
+}
+
+// Close writes and syncs every batch committed or ordered before it, stops the
+// writer, closes the files and releases the directory lock. It blocks for the
+// last write and sync. It returns an error wrapping [ErrFailed] if the log
+// failed before or during the final sync, in which case what was ordered but
+// not reported committed may be missing: Open the directory again to see what
+// is on disk. Close is idempotent: later calls return the first call's result.
+// Calls other than Stats and Recovery return [ErrClosed] after it.
+func (l *Log) Close() error {
+	l.closeOnce.Do(func() {
+		l.closeMu.Lock()
+		l.closed = true
+		close(l.reqs)
+		l.closeMu.Unlock()
+		<-l.done
+		l.isClosed.Store(true)
+		l.closeFiles()
+		if err := l.lock.Close(); err != nil && l.failure() == nil {
+			l.closeErr = fmt.Errorf("wal: unlock: %w", err)
+		}
+		if err := l.failure(); err != nil {
+			l.closeErr = err
+		}
+	})
+	return l.closeErr
+}
+
+func (l *Log) closeFiles() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.segs {
+		s.f.Close()
+	}
+}
+
+// Recovery is what Open found and did while replaying the log.
+type Recovery struct {
+	// Segments is the number of segment files replayed, Records the number of
+	// records (batches) in them.
+	Segments int
+	Records  int
+	// Cuts lists what Open cut off: torn tails, and with Options.Repair the
+	// corrupt parts.
+	Cuts []Cut
+}
+
+// Cut is a part of the log that Open cut off.
+type Cut struct {
+	File   string // path of the segment
+	Offset int64  // where the cut starts; 0 for a whole file
+	Bytes  int64  // how many bytes were cut
+	Torn   bool   // a torn tail (a crash's leftover) rather than corruption
+	// SavedAs is the path of the copy of the cut bytes ("" for torn tails).
+	SavedAs string
+	Reason  string
+}
+
+// Recovery returns what Open found and cut. It never blocks.
+func (l *Log) Recovery() Recovery {
+	r := l.recovery
+	r.Cuts = slices.Clone(r.Cuts)
+	return r
+}

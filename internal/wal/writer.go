@@ -1,0 +1,406 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// writer is the state of the writer goroutine, which alone touches it.
+type writer struct {
+	wbuf    []byte       // records gathered for one write
+	pending []pendingRec // the records in wbuf
+	dirty   bool         // the head has writes that no fdatasync covers yet
+	nextSeq uint64       // seq of the next record
+	written uint64       // seq of the last record written to the file
+	synced  uint64       // seq of the last record an fdatasync has covered
+	rbuf    []byte       // compaction's read buffer
+	ops     []op
+
+	compactID  uint64 // segment being compacted, and how far
+	compactOff int64
+	noCompact  uint64 // a segment compaction gave up on (see compactStep)
+	cbatch     Batch
+}
+
+type pendingRec struct {
+	start, end int
+	compaction bool
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// run is the writer goroutine. It gathers whatever requests are queued into a
+// group, writes them with one write(2), syncs once for all of them if any
+// needs it (group commit: the requests that arrive during an fdatasync make
+// the next group), answers them, then does a bounded step of maintenance
+// (removing dead segments, compacting). It returns when reqs is closed and
+// drained, after a last sync.
+func (l *Log) run() {
+	defer close(l.done)
+	delay := time.Duration(l.opts.Sync)
+	if delay == 0 {
+		delay = asyncSyncDelay
+	}
+	timer := time.NewTimer(delay)
+	timer.Stop()
+	defer timer.Stop()
+	var timerC <-chan time.Time // non-nil while the timer runs
+	var more <-chan struct{}    // closedChan while maintenance has more to do
+	group := make([]*request, 0, 16)
+	for {
+		select {
+		case r, ok := <-l.reqs:
+			if !ok {
+				l.finish()
+				return
+			}
+			group = append(group[:0], r)
+			open := l.gather(&group)
+			l.process(group)
+			clear(group)
+			if !open {
+				l.finish()
+				return
+			}
+		case <-timerC:
+			timerC = nil
+			_ = l.syncHead() // a failure fails the log; the next call reports it
+		case <-more:
+		}
+		more = nil
+		if l.maintain() {
+			more = closedChan
+		}
+		dirty := l.w.dirty && l.failure() == nil // a failed log never syncs again
+		switch {
+		case dirty && timerC == nil:
+			timer.Reset(delay)
+			timerC = timer.C
+		case !dirty && timerC != nil:
+			timer.Stop()
+			timerC = nil
+		}
+	}
+}
+
+// gather adds the requests already queued to group, up to maxGroup requests
+// or maxGroupBytes, and at most about one segment's worth, so that removal
+// and compaction get their turn at least once per segment (a larger group
+// would not save syncs: each roll-over syncs anyway). It returns false if
+// reqs is closed (and so drained).
+func (l *Log) gather(group *[]*request) bool {
+	limit := int(min(maxGroupBytes, l.opts.SegmentSize))
+	size := len((*group)[0].rec)
+	for len(*group) < maxGroup && size < limit {
+		select {
+		case r, ok := <-l.reqs:
+			if !ok {
+				return false
+			}
+			*group = append(*group, r)
+			size += len(r.rec)
+		default:
+			return true
+		}
+	}
+	return true
+}
+
+// process writes a group and answers its requests.
+func (l *Log) process(group []*request) {
+	err := l.failure()
+	if err == nil {
+		err = l.writeGroup(group)
+	}
+	for _, r := range group {
+		if r.done != nil {
+			r.done <- err
+		}
+	}
+}
+
+func (l *Log) writeGroup(group []*request) error {
+	needSync := false
+	for _, r := range group {
+		if r.rec != nil {
+			if err := l.appendRecord(r.rec, false); err != nil {
+				return l.fail(err)
+			}
+			needSync = needSync || (r.done != nil && l.opts.Sync == SyncAlways)
+		}
+		needSync = needSync || r.sync
+	}
+	if err := l.flush(); err != nil {
+		return l.fail(err)
+	}
+	if needSync {
+		return l.syncHead()
+	}
+	return nil
+}
+
+func (l *Log) head() *segment { return l.segs[len(l.segs)-1] }
+
+// appendRecord seals rec into the write buffer, rolling to a new segment
+// first if it would not fit in the head.
+func (l *Log) appendRecord(rec []byte, compaction bool) error {
+	head := l.head()
+	end := head.size + int64(len(l.w.wbuf))
+	if end > headerLen && end+int64(len(rec)) > l.opts.SegmentSize {
+		if err := l.roll(); err != nil {
+			return err
+		}
+		head = l.head()
+	}
+	start := len(l.w.wbuf)
+	l.w.wbuf = append(l.w.wbuf, rec...)
+	sealRecord(l.w.wbuf[start:], l.w.nextSeq, l.w.synced, head.salt)
+	l.w.nextSeq++
+	l.w.pending = append(l.w.pending, pendingRec{start, len(l.w.wbuf), compaction})
+	return nil
+}
+
+// roll writes and syncs the head, deletes dead segments, then starts a new
+// segment. Syncing the old
+// head first means a crash can only ever tear the last segment.
+func (l *Log) roll() error {
+	if err := l.flush(); err != nil {
+		return err
+	}
+	if err := l.syncHead(); err != nil {
+		return err
+	}
+	// Everything is synced: a good time to delete dead segments, which keeps
+	// the directory small even while one large group spans many segments.
+	if err := l.removeDead(); err != nil {
+		return err
+	}
+	seg, err := l.createSegment(l.head().id+1, l.w.nextSeq)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.segs = append(l.segs, seg)
+	l.mu.Unlock()
+	return nil
+}
+
+// flush writes the write buffer to the head with one write and applies its
+// records to the index.
+func (l *Log) flush() error {
+	if len(l.w.wbuf) == 0 {
+		return nil
+	}
+	head := l.head()
+	defer func() {
+		l.w.pending = l.w.pending[:0]
+		if cap(l.w.wbuf) > 2*maxGroupBytes {
+			l.w.wbuf = nil // do not keep the memory of one huge batch
+		}
+		l.w.wbuf = l.w.wbuf[:0]
+	}()
+	if _, err := head.f.WriteAt(l.w.wbuf, head.size); err != nil {
+		return fmt.Errorf("write %s: %w", head.path, err)
+	}
+	l.w.dirty = true
+	l.w.written = l.w.nextSeq - 1
+	var commits, compactions uint64
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range l.w.pending {
+		r, err := decodeBody(l.w.wbuf[p.start:p.end], l.w.ops)
+		if err != nil {
+			return fmt.Errorf("re-decoding a record written to %s: %w", head.path, err) // a bug
+		}
+		l.w.ops = r.ops
+		l.apply(head, head.size+int64(p.start), r.ops)
+		head.records++
+		if p.compaction {
+			compactions++
+		} else {
+			commits++
+		}
+	}
+	head.size += int64(len(l.w.wbuf))
+	l.commits.Add(commits)
+	l.compactions.Add(compactions)
+	return nil
+}
+
+// syncHead fdatasyncs the head if it has unsynced writes. A failure fails the
+// log: the error is returned (wrapping ErrFailed) and never retried, since a
+// failed fdatasync may have dropped the dirty pages it could not write.
+func (l *Log) syncHead() error {
+	if err := l.failure(); err != nil {
+		return err
+	}
+	if !l.w.dirty {
+		return nil
+	}
+	head := l.head()
+	if err := head.f.Datasync(); err != nil {
+		return l.fail(fmt.Errorf("fdatasync %s: %w", head.path, err))
+	}
+	l.syncs.Add(1)
+	l.w.dirty = false
+	l.w.synced = l.w.written
+	return nil
+}
+
+// fail puts the log in the failed state, once, and returns the error that
+// every later call returns.
+func (l *Log) fail(err error) error {
+	if f := l.failure(); f != nil {
+		return f
+	}
+	ferr := fmt.Errorf("%w: %w", ErrFailed, err)
+	l.failed.Store(&ferr)
+	l.log.Error("wal: log failed; Close it and Open it again", "dir", l.dir, "err", err)
+	return ferr
+}
+
+// finish is the writer's last act: write and sync what is left.
+func (l *Log) finish() {
+	if l.failure() != nil {
+		return
+	}
+	if err := l.flush(); err != nil {
+		l.fail(err)
+		return
+	}
+	_ = l.syncHead()
+}
+
+// maintain removes the dead oldest segments and does one compaction step. It
+// reports whether more work is waiting.
+func (l *Log) maintain() bool {
+	if l.failure() != nil {
+		return false
+	}
+	if l.removeDead() != nil {
+		return false
+	}
+	if len(l.segs) < 2 || !l.shouldCompact(l.segs[0]) {
+		return false
+	}
+	if err := l.compactStep(); err != nil {
+		l.fail(err)
+		return false
+	}
+	return true
+}
+
+// removeDead deletes the oldest segments while they hold no live value. It
+// skips the work if a Get or Range is reading (the next group retries).
+func (l *Log) removeDead() error {
+	for len(l.segs) > 1 && l.segs[0].liveKeys == 0 {
+		// Whatever made the segment dead must be durable before it goes.
+		if err := l.syncHead(); err != nil {
+			return err
+		}
+		if !l.readers.TryLock() {
+			return nil
+		}
+		err := l.removeOldest()
+		l.readers.Unlock()
+		if err != nil {
+			return l.fail(err)
+		}
+	}
+	return nil
+}
+
+// removeOldest deletes the oldest segment, which holds no live value. Its
+// Deletes can only have cancelled Puts in it or in older segments, which are
+// gone already. The caller holds readers.
+func (l *Log) removeOldest() error {
+	s := l.segs[0]
+	l.mu.Lock()
+	l.segs = slices.Delete(l.segs, 0, 1)
+	l.mu.Unlock()
+	s.f.Close()
+	if err := l.fs.Remove(s.path); err != nil {
+		return fmt.Errorf("remove dead segment: %w", err)
+	}
+	if err := l.fs.SyncDir(l.dir); err != nil {
+		return fmt.Errorf("sync directory: %w", err)
+	}
+	l.removed.Add(1)
+	if l.w.compactID == s.id {
+		l.w.compactID = 0
+	}
+	return nil
+}
+
+// shouldCompact says whether the oldest segment s is worth rewriting: its
+// live values take less than a quarter of it, or the directory is more than
+// twice the live data (plus two segments of slack) and rewriting s frees at
+// least half of it.
+func (l *Log) shouldCompact(s *segment) bool {
+	if s.id == l.w.noCompact {
+		return false
+	}
+	if s.liveBytes*4 < s.size {
+		return true
+	}
+	var disk int64
+	for _, seg := range l.segs {
+		disk += seg.size
+	}
+	return disk > 2*l.liveBytes+2*l.opts.SegmentSize && s.liveBytes*2 < s.size
+}
+
+// compactStep reads up to a budget of records of the oldest segment and
+// rewrites its live Puts into the head as one record, so that the segment
+// dies. It runs in the writer, between groups, so no Commit can slip between
+// reading a live value and rewriting it.
+func (l *Log) compactStep() error {
+	s := l.segs[0]
+	if l.w.compactID != s.id {
+		l.w.compactID, l.w.compactOff = s.id, headerLen
+	}
+	budget := min(max(l.opts.SegmentSize/4, 64<<10), 1<<20)
+	b := &l.w.cbatch
+	b.Reset()
+	for read := int64(0); l.w.compactOff < s.size && read < budget; {
+		buf, rec, n, err := readRecord(s.f, l.w.compactOff, s.size, s.salt, l.w.rbuf, l.w.ops)
+		l.w.rbuf, l.w.ops = buf, rec.ops
+		if err != nil {
+			if ioErr := (*ioError)(nil); errors.As(err, &ioErr) {
+				err = ioErr.err
+			}
+			return fmt.Errorf("compaction: read %s at offset %d: %w", s.path, l.w.compactOff, err)
+		}
+		for _, o := range rec.ops {
+			if o.kind != opPut {
+				continue
+			}
+			lc, ok := l.index[string(o.key)]
+			if ok && lc.seg == s.id && lc.off == l.w.compactOff+int64(o.valOff) {
+				b.Put(o.key, o.val)
+			}
+		}
+		l.w.compactOff += int64(n)
+		read += int64(n)
+	}
+	if b.Len() > 0 {
+		if err := l.appendRecord(b.record(), true); err != nil {
+			return err
+		}
+		if err := l.flush(); err != nil {
+			return err
+		}
+	}
+	if l.w.compactOff >= s.size && s.liveKeys > 0 {
+		// Cannot happen unless the live accounting is wrong; do not loop on it.
+		l.log.Error("wal: compaction left live keys in a segment; not compacting it again",
+			"file", s.path, "live_keys", s.liveKeys)
+		l.w.noCompact = s.id
+	}
+	if cap(b.buf) > 2*maxGroupBytes {
+		*b = Batch{}
+	}
+	return nil
+}
