@@ -57,6 +57,9 @@ func WithDurable() QueueOption {
 	})
 }
 
+// walFaults, set only by tests, injects disk faults into every log opened.
+var walFaults *wal.Faults
+
 // idBlock is how many message IDs an exchange reserves in the log at a time.
 const idBlock = 4096
 
@@ -94,7 +97,7 @@ func (m *MQ) openLog() error {
 	if m.dur != nil || m.dataDir == "" {
 		return m.durErr
 	}
-	l, err := wal.Open(m.dataDir, wal.Options{Sync: wal.SyncInterval(m.syncEvery), Logger: m.log})
+	l, err := wal.Open(m.dataDir, wal.Options{Sync: wal.SyncInterval(m.syncEvery), Logger: m.log, Faults: walFaults})
 	if err != nil {
 		if errors.Is(err, wal.ErrLocked) {
 			err = fmt.Errorf("%w: %w", ErrLocked, err)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/internal/wal"
 )
 
 type order struct {
@@ -234,4 +237,79 @@ func TestUnregisteredDurableQueueIsShownNotDeleted(t *testing.T) {
 	require.NoError(t, m.Start(context.Background()))
 	recv(t, got, 2)
 	m.Stop()
+}
+
+// A full disk or a failed fsync: Publish returns an error wrapping ErrLog
+// and no queue accepted the message; after a failed fsync the log does not
+// pretend that later writes are safe; in-memory queues keep working; a
+// restart reads what really is on disk.
+func TestDiskFaults(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault func(f *wal.Faults, fail *atomic.Bool)
+	}{
+		{"full disk", func(f *wal.Faults, fail *atomic.Bool) {
+			f.WriteErr = func(string) error {
+				if fail.Load() {
+					return syscall.ENOSPC
+				}
+				return nil
+			}
+		}},
+		{"failed fsync", func(f *wal.Faults, fail *atomic.Bool) {
+			f.SyncErr = func(string) error {
+				if fail.Load() {
+					return syscall.EIO
+				}
+				return nil
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fail atomic.Bool
+			var f wal.Faults
+			tc.fault(&f, &fail)
+			restore := tinymq.SetWALFaults(&f)
+			dir := t.TempDir()
+			m := tinymq.New(tinymq.WithDataDir(dir))
+			durable := make(chan *tinymq.Msg, 10)
+			memory := make(chan *tinymq.Msg, 10)
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(durable), 1, tinymq.WithQueueName("d"), tinymq.WithDurable()))
+			require.NoError(t, m.RegisterQueue("mem", tinymq.Fanout, sink(memory), 1, tinymq.WithQueueName("m")))
+			require.NoError(t, m.Start(context.Background()))
+			restore() // the log is open
+			require.NoError(t, m.Publish("ev", "before"))
+			recv(t, durable, 1)
+			require.Eventually(t, func() bool { return m.Stats().Queues["d"].Succeeded == 1 }, wait, time.Millisecond)
+			require.NoError(t, m.Publish("ev", "barrier")) // its sync covers the acknowledgement of "before"
+			recv(t, durable, 1)
+
+			fail.Store(true)
+			err := m.Publish("ev", "during")
+			require.ErrorIs(t, err, tinymq.ErrLog)
+			assert.Equal(t, uint64(2), m.Stats().Queues["d"].Accepted, "nothing accepted that is not on disk")
+			fail.Store(false)
+			assert.ErrorIs(t, m.Publish("ev", "after"), tinymq.ErrLog, "a failed log stays failed")
+			require.NoError(t, m.Publish("mem", "in memory"), "in-memory queues keep working")
+			recv(t, memory, 1)
+			m.Stop()
+
+			m = tinymq.New(tinymq.WithDataDir(dir))
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(durable), 1, tinymq.WithQueueName("d"), tinymq.WithDurable()))
+			require.NoError(t, m.Start(context.Background()))
+			require.NoError(t, m.Publish("ev", "after a restart"))
+			var got []string
+			for len(got) == 0 || got[len(got)-1] != "after a restart" {
+				var s string
+				require.NoError(t, recv(t, durable, 1)[0].Data.(tinymq.Encoded).Decode(&s))
+				got = append(got, s)
+			}
+			m.Stop()
+			// A publish that failed may still be on disk (the write reached the
+			// file, its fsync failed): the caller was told it failed, and may
+			// see it delivered, never the other way round.
+			assert.Subset(t, []string{"barrier", "during", "after", "after a restart"}, got)
+			assert.NotContains(t, got, "before", "the acknowledged message stays acknowledged")
+		})
+	}
 }

@@ -16,7 +16,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(scenarioEnv) != "" {
+	if os.Getenv(scenarioEnv) != "" || os.Getenv(crashEnv) != "" {
 		// A child process of TestReentrancy: its scenario may strand a
 		// goroutine on purpose (a logger that blocks forever).
 		os.Exit(m.Run())

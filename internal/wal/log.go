@@ -128,6 +128,9 @@ func parseSegName(name string) (uint64, bool) {
 // Options.Repair is set. Open blocks for the time of the replay, which reads
 // every segment once, and for one fdatasync.
 func Open(dir string, opts Options) (*Log, error) {
+	if opts.Faults != nil {
+		return open(dir, opts, hookFS{osFS{}, opts.Faults})
+	}
 	return open(dir, opts, osFS{})
 }
 

@@ -48,6 +48,9 @@ type Options struct {
 	// Logger receives what Open cut and the error that failed the log, at Warn
 	// and Error level. Nil discards.
 	Logger *slog.Logger
+
+	// Faults, for tests only, injects disk failures and reports syncs.
+	Faults *Faults
 }
 
 func (o Options) withDefaults() (Options, error) {
