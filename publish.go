@@ -223,17 +223,14 @@ func (m *MQ) enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publ
 		bounded = bounded || q.cfg.maxLen > 0
 		durable = durable || q.cfg.durable
 	}
-	if durable {
-		return m.enqueueDurable(ex, dst, msgs, data, pc, deaths, dl)
-	}
-	var now time.Time
-	if timed {
-		now = time.Now()
-	}
-	if !bounded && pc.delay == 0 && !internal {
+	if !bounded && !durable && pc.delay == 0 && !internal {
 		// The common case: no queue can refuse the message (they close only
 		// after Stop took the write lock, or when aborted, and then a publish
 		// is refused before it gets here), so one queue at a time will do.
+		var now time.Time
+		if timed {
+			now = time.Now()
+		}
 		id := ex.seq.Add(1)
 		m.reserveIDsIfLogged(ex, id)
 		for i, q := range dst {
@@ -243,23 +240,23 @@ func (m *MQ) enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publ
 		}
 		return publishResult{}
 	}
-	return m.enqueueBounded(ex, dst, msgs, data, pc, now, internal)
+	return m.enqueueAdmitted(ex, dst, msgs, data, pc, deaths, dl)
 }
 
-// enqueueBounded is enqueue where a queue may refuse the message: it locks
-// every queue (in id order, the one order all multi-queue lockers use),
-// checks that each can take it, then stamps the ID and enqueues. A publish
-// refused by one queue is refused by all; a dead letter skips the queues that
-// refuse it.
-func (m *MQ) enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, now time.Time, internal bool) publishResult {
-	sortByID(dst, msgs)
-	for _, q := range dst {
-		q.mu.Lock()
-	}
+// enqueueAdmitted is enqueue where a queue may refuse the message, or where
+// it must reach the log first. Each queue first admits it and holds room for
+// it; a publish refused by one queue is refused by all (the others give their
+// room back), while a dead letter skips the queues that refuse it. Then the
+// ID is stamped; a message for durable queues is written to the log once,
+// with the dead letter's source acknowledgement if any, and waits for the
+// sync; and only then do the queues take it, so that nothing a consumer can
+// see, or a Publish reports, is missing from the disk.
+func (m *MQ) enqueueAdmitted(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, deaths []Death, dl *deadLetter) publishResult {
+	internal := dl != nil
 	n := 0
 	var refused error
 	for i, q := range dst {
-		room, err := q.admitLocked(internal)
+		room, err := q.reserve(internal)
 		if err == nil && room == nil {
 			dst[n], msgs[n] = q, msgs[i]
 			n++
@@ -267,12 +264,9 @@ func (m *MQ) enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, data any, p
 		}
 		if internal {
 			refused = err
-			q.mu.Unlock()
 			continue
 		}
-		for _, q := range dst {
-			q.mu.Unlock()
-		}
+		unreserve(dst[:n])
 		return publishResult{err: err, room: room}
 	}
 	dst, msgs = dst[:n], msgs[:n]
@@ -280,29 +274,69 @@ func (m *MQ) enqueueBounded(ex *exchange, dst []*queue, msgs []*Msg, data any, p
 		return publishResult{err: refused}
 	}
 	id := ex.seq.Add(1)
-	m.reserveIDsIfLogged(ex, id)
+	now := time.Now()
+	if err := m.logMessage(ex, id, now, dst, msgs, data, pc, deaths, dl); err != nil {
+		unreserve(dst)
+		return publishResult{err: err}
+	}
 	var res publishResult
-	var wbuf [8]bool
-	var xbuf [8]int64
-	wake, expiry := wbuf[:0], xbuf[:0]
 	for i, q := range dst {
-		ev, w := q.enqueueLocked(newEntry(msgs[i], id, data), now, pc.delay, pc.ttl)
+		ev, err := q.acceptReserved(newEntry(msgs[i], id, data), now, pc.delay, pc.ttl)
 		if ev != nil {
 			res.evicted = append(res.evicted, eviction{q, ev})
 		}
-		wake = append(wake, w)
-		expiry = append(expiry, q.armExpiryLocked())
-	}
-	for _, q := range dst {
-		q.mu.Unlock()
-	}
-	for i, q := range dst {
-		q.wakeAfter(wake[i], expiry[i])
+		if err != nil { // aborted since it admitted the message: counted undelivered
+			continue
+		}
 		if pc.delay > 0 && !evictedSelf(res.evicted, msgs[i]) {
-			q.mq.sched.add(now.Add(pc.delay), q, msgs[i])
+			m.sched.add(now.Add(pc.delay), q, msgs[i])
 		}
 	}
 	return res
+}
+
+// logMessage writes the message to the log when some of dst are durable, and
+// gives those queues their own Msg with the encoded Data; otherwise it only
+// records the ID's use. It blocks for the sync.
+func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, msgs []*Msg, data any, pc *publishConfig, deaths []Death, dl *deadLetter) error {
+	if !slices.ContainsFunc(dst, func(q *queue) bool { return q.cfg.durable }) {
+		m.reserveIDsIfLogged(ex, id)
+		return nil
+	}
+	d := m.dur // durable queues exist only once the log is open
+	if err := m.reserveIDs(ex, id); err != nil {
+		return err
+	}
+	body, err := encodeData(d.codec, data)
+	if err != nil {
+		return err
+	}
+	key := msgKey(ex.name, id)
+	rec := storedMsg{publishedAt: now.UnixNano(), visibleAt: deadline(now, pc.delay), expiration: pc.ttl,
+		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body}
+	for i, q := range dst {
+		if q.cfg.durable {
+			rec.queues = append(rec.queues, q.name)
+			dm := *msgs[i] // durable queues never share their exchange's prototype
+			dm.Data, dm.dkey = Encoded{Body: body, Codec: d.codec}, key
+			msgs[i] = &dm
+		}
+	}
+	var b wal.Batch
+	b.Put([]byte(key), rec.encode())
+	if dl != nil && dl.src != nil {
+		dl.src(&b)
+	}
+	d.mu.Lock()
+	d.refs[key] = &msgRefs{pending: len(rec.queues)}
+	d.mu.Unlock()
+	if err := d.log.Commit(&b); err != nil {
+		d.mu.Lock()
+		delete(d.refs, key)
+		d.mu.Unlock()
+		return fmt.Errorf("%w: %w", ErrLog, err)
+	}
+	return nil
 }
 
 // newEntry is the entry for message m, stamped with id: m is its exchange's
@@ -324,17 +358,6 @@ func evictedSelf(evs []eviction, m *Msg) bool {
 		}
 	}
 	return false
-}
-
-// sortByID sorts dst by queue id, keeping msgs in step: an insertion sort, as
-// dst is short and usually sorted.
-func sortByID(dst []*queue, msgs []*Msg) {
-	for i := 1; i < len(dst); i++ {
-		for j := i; j > 0 && dst[j].id < dst[j-1].id; j-- {
-			dst[j], dst[j-1] = dst[j-1], dst[j]
-			msgs[j], msgs[j-1] = msgs[j-1], msgs[j]
-		}
-	}
 }
 
 // runFilter calls a queue's filter, turning a panic into an error.
@@ -361,115 +384,10 @@ func (m *MQ) reserveIDsIfLogged(ex *exchange, id uint64) {
 	}
 }
 
-// enqueueDurable is enqueue where some queues are durable. It admits the
-// message into every queue (all or none for a publish, those that can for a
-// dead letter) and holds room in the bounded ones; writes the message to the
-// log once, with the dead letter's source acknowledgement if any, and waits
-// for the sync; and only then enqueues it, so that nothing a consumer can
-// see, or a Publish reports, is missing from the disk.
-func (m *MQ) enqueueDurable(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, deaths []Death, dl *deadLetter) publishResult {
-	internal := dl != nil
-	d := m.dur // durable queues exist only once the log is open
-	sortByID(dst, msgs)
-	for _, q := range dst {
-		q.mu.Lock()
-	}
-	n := 0
-	var refused error
-	for i, q := range dst {
-		room, err := q.admitLocked(internal)
-		if err == nil && room == nil {
-			q.reserved++
-			dst[n], msgs[n] = q, msgs[i]
-			n++
-			q.mu.Unlock()
-			continue
-		}
-		q.mu.Unlock()
-		if internal {
-			refused = err
-			continue
-		}
-		for _, o := range dst[i+1:] {
-			o.mu.Unlock()
-		}
-		unreserve(dst[:n])
-		return publishResult{err: err, room: room}
-	}
-	dst, msgs = dst[:n], msgs[:n]
-	if len(dst) == 0 {
-		return publishResult{err: refused}
-	}
-	fail := func(err error) publishResult {
-		unreserve(dst)
-		return publishResult{err: err}
-	}
-	id := ex.seq.Add(1)
-	if err := m.reserveIDs(ex, id); err != nil {
-		return fail(err)
-	}
-	body, err := encodeData(d.codec, data)
-	if err != nil {
-		return fail(err)
-	}
-	now := time.Now()
-	key := msgKey(ex.name, id)
-	rec := storedMsg{publishedAt: now.UnixNano(), visibleAt: deadline(now, pc.delay), expiration: pc.ttl,
-		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body}
-	for i, q := range dst {
-		if q.cfg.durable {
-			rec.queues = append(rec.queues, q.name)
-			dm := *msgs[i] // durable queues never share their exchange's prototype
-			dm.Data, dm.dkey = Encoded{Body: body, Codec: d.codec}, key
-			msgs[i] = &dm
-		}
-	}
-	var b wal.Batch
-	b.Put([]byte(key), rec.encode())
-	if dl != nil && dl.src != nil {
-		dl.src(&b)
-	}
-	d.mu.Lock()
-	d.refs[key] = &msgRefs{pending: len(rec.queues)}
-	d.mu.Unlock()
-	if err := d.log.Commit(&b); err != nil {
-		d.mu.Lock()
-		delete(d.refs, key)
-		d.mu.Unlock()
-		return fail(fmt.Errorf("%w: %w", ErrLog, err))
-	}
-	for _, q := range dst {
-		q.mu.Lock()
-	}
-	var res publishResult
-	wake := make([]bool, len(dst))
-	expiry := make([]int64, len(dst))
-	for i, q := range dst {
-		q.reserved--
-		ev, w := q.enqueueLocked(newEntry(msgs[i], id, data), now, pc.delay, pc.ttl)
-		if ev != nil {
-			res.evicted = append(res.evicted, eviction{q, ev})
-		}
-		wake[i], expiry[i] = w, q.armExpiryLocked()
-	}
-	for _, q := range dst {
-		q.mu.Unlock()
-	}
-	for i, q := range dst {
-		q.wakeAfter(wake[i], expiry[i])
-		if pc.delay > 0 && !evictedSelf(res.evicted, msgs[i]) {
-			m.sched.add(now.Add(pc.delay), q, msgs[i])
-		}
-	}
-	return res
-}
-
-// unreserve gives back the room enqueueDurable held.
+// unreserve gives back the room the queues held for a message they will not
+// get.
 func unreserve(qs []*queue) {
 	for _, q := range qs {
-		q.mu.Lock()
-		q.reserved--
-		q.freeRoomLocked()
-		q.mu.Unlock()
+		q.unreserve()
 	}
 }

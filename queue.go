@@ -147,7 +147,7 @@ type queue struct {
 	accepted  uint64        // messages published into the queue
 	entered   uint64        // entries into buf or the scheduler: accepted messages and retries
 	expiryAt  int64         // when the scheduler checks the head for expiry; 0: no check pending
-	reserved  int           // room held for durable publishes waiting for the log
+	reserved  int           // room held for publishes between reserve and acceptReserved
 	abortLost uint64        // what abort counted as undelivered, for drain to log
 
 	// The workers' counters below get a cache line of their own, away from
@@ -189,8 +189,9 @@ func newQueue(id int, name string, consumer ConsumerFunc, concurrency int, cfg q
 	return q
 }
 
-// fullLocked reports whether the queue is at its length limit. Bounded queues
-// take one message at a time, so no batch holds waiting messages. q.mu is held.
+// fullLocked reports whether the queue is at its length limit, counting the
+// room held for publishes under way. Bounded queues take one message at a
+// time, so no batch holds waiting messages. q.mu is held.
 func (q *queue) fullLocked() bool {
 	return q.cfg.maxLen > 0 && q.buf.n+q.scheduled+q.reserved >= q.cfg.maxLen
 }
@@ -227,21 +228,51 @@ func (q *queue) accept(e entry, now time.Time, ttl time.Duration) error {
 	return nil
 }
 
-// admitLocked reports whether a bounded publish may enqueue into q: nil, or
-// room to wait on (Block; never for internal publishes), or an error. q.mu is
-// held.
-func (q *queue) admitLocked(internal bool) (room <-chan struct{}, err error) {
+// reserve admits one more message into q and holds room for it until
+// acceptReserved or unreserve: nil, or room to wait on (Block; never for
+// internal publishes), or an error. Room held counts towards the limit, so
+// that a publish to several queues is all or nothing without holding their
+// locks together.
+func (q *queue) reserve(internal bool) (room <-chan struct{}, err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	if q.closed {
 		return nil, ErrStopped
 	}
-	if !q.fullLocked() || q.cfg.overflow == DropHead {
-		return nil, nil
+	if q.fullLocked() && q.cfg.overflow != DropHead {
+		if q.cfg.overflow == Block && !internal {
+			return q.roomLocked(), nil
+		}
+		q.c.rejected.Add(1)
+		return nil, fmt.Errorf("%w: %q", ErrQueueFull, q.name)
 	}
-	if q.cfg.overflow == Block && !internal {
-		return q.roomLocked(), nil
+	q.reserved++
+	return nil, nil
+}
+
+// unreserve gives back room that reserve held.
+func (q *queue) unreserve() {
+	q.mu.Lock()
+	q.reserved--
+	q.freeRoomLocked()
+	q.mu.Unlock()
+}
+
+// acceptReserved enqueues e into the room reserve held (see enqueueLocked
+// for now, delay, ttl and the evicted message). It fails only when the
+// queue was aborted since; abort counted e as undelivered then.
+func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration) (evicted *Msg, err error) {
+	q.mu.Lock()
+	q.reserved--
+	if q.closed {
+		q.mu.Unlock()
+		return nil, ErrStopped
 	}
-	q.c.rejected.Add(1)
-	return nil, fmt.Errorf("%w: %q", ErrQueueFull, q.name)
+	evicted, wake := q.enqueueLocked(e, now, delay, ttl)
+	expiry := q.armExpiryLocked()
+	q.mu.Unlock()
+	q.wakeAfter(wake, expiry)
+	return evicted, nil
 }
 
 // wakeAfter does what an enqueue asked for once q.mu is released: wake a
