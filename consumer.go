@@ -96,9 +96,9 @@ func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
 
 // deliver hands m to the consumer, unless it expired, and settles the outcome.
 func (q *queue) deliver(ctx context.Context, w *worker, m *Msg) {
-	if m.expires != 0 && time.Now().UnixNano() >= m.expires {
+	if e := m.expires(); e != 0 && time.Now().UnixNano() >= e {
 		q.c.expired.Add(1)
-		q.deadLetter(m, ReasonExpired, m.lastErr)
+		q.deadLetter(m, ReasonExpired, m.lastErr())
 		return
 	}
 	m.Attempt++
@@ -155,14 +155,14 @@ func isNil(err error) bool {
 // nothing (success), a retry, or a dead letter.
 func (q *queue) settle(m *Msg, err error) {
 	if err == nil {
-		if m.dkey != "" {
-			q.mq.dur.ack(q.name, m.dkey, nil) // before the count, which tests wait for
+		if k := m.dkey(); k != "" {
+			q.mq.dur.ack(q.name, k, nil) // before the count, which tests wait for
 		}
 		q.c.succeeded.Add(1)
 		return
 	}
 	q.c.failed.Add(1)
-	m.lastErr = err
+	m.ext().lastErr = err
 	if m.Attempt < q.cfg.retry.MaxAttempts && !safeIs(err, ErrPermanent) {
 		q.retryLater(m, err)
 		return
@@ -175,10 +175,9 @@ func (q *queue) settle(m *Msg, err error) {
 // m does not see it change.
 func (q *queue) retryLater(m *Msg, err error) {
 	backoff := q.cfg.retry.backoff(m.Attempt)
-	next := new(Msg)
-	*next = *m
-	if m.dkey != "" {
-		q.mq.dur.saveState(q.name, m.dkey, queueState{attempt: m.Attempt,
+	next := m.clone()
+	if k := m.dkey(); k != "" {
+		q.mq.dur.saveState(q.name, k, queueState{attempt: m.Attempt,
 			dueAt: deadline(time.Now(), backoff), lastErr: errorText(err)})
 	}
 	evicted, overflow, aborted := q.schedule(next, backoff)
@@ -210,11 +209,12 @@ func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
 		death.LastError = errorText(cause)
 	}
 	deaths := addDeath(m.Deaths, death)
-	acked := m.dkey == "" // nothing to acknowledge for an in-memory queue
+	dkey := m.dkey()
+	acked := dkey == "" // nothing to acknowledge for an in-memory queue
 	var src func(b *wal.Batch)
 	if !acked {
 		src = func(b *wal.Batch) { // the move to a durable queue is one batch
-			q.mq.dur.ack(q.name, m.dkey, b)
+			q.mq.dur.ack(q.name, dkey, b)
 			acked = true
 		}
 	}
@@ -229,7 +229,7 @@ func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
 		err = q.mq.publishDead(q.cfg.dlx, m.Data, key, m.Headers, deaths, src)
 	}
 	if !acked {
-		q.mq.dur.ack(q.name, m.dkey, nil)
+		q.mq.dur.ack(q.name, dkey, nil)
 	}
 	rec := DeadLetter{Death: deaths[0]}
 	if err == nil {

@@ -329,16 +329,16 @@ func (m *MQ) restore(q *queue) {
 		s := r.msg
 		msg := &Msg{ID: r.id, Exchange: r.exch, Queue: q.name, RoutingKey: s.routingKey, Headers: s.headers,
 			Data: Encoded{Body: s.body, Codec: m.codec}, Attempt: r.state.attempt, Deaths: s.deaths,
-			Redelivered: true, dkey: r.key}
+			Redelivered: true, x: &msgExt{dkey: r.key}}
 		if r.state.lastErr != "" {
-			msg.lastErr = errors.New(r.state.lastErr)
+			msg.x.lastErr = errors.New(r.state.lastErr)
 		}
 		ttl := s.expiration
 		if q.cfg.ttl > 0 && (ttl == 0 || q.cfg.ttl < ttl) {
 			ttl = q.cfg.ttl
 		}
 		if ttl > 0 {
-			msg.expires = deadline(time.Unix(0, s.visibleAt), ttl)
+			msg.x.expires = deadline(time.Unix(0, s.visibleAt), ttl)
 		}
 		q.accepted++
 		q.entered++

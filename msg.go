@@ -40,10 +40,57 @@ type Msg struct {
 	// broker (RabbitMQ's redelivered flag).
 	Redelivered bool
 
+	shared bool    // an exchange's prototype for plain entries, never delivered
+	x      *msgExt // what few messages need; nil for most, so a Msg stays 128 bytes
+}
+
+// msgExt holds the state of a message that has a deadline, lives in the log
+// or failed. Copies of a Msg get a copy of it (see clone).
+type msgExt struct {
 	expires int64  // UnixNano after which it is expired; 0: never
 	lastErr error  // the consumer's last error, kept for a later death
 	dkey    string // its key in the write-ahead log, for a durable queue
-	shared  bool   // an exchange's prototype for plain entries, never delivered
+}
+
+func (m *Msg) ext() *msgExt {
+	if m.x == nil {
+		m.x = new(msgExt)
+	}
+	return m.x
+}
+
+// expires is when m expires (UnixNano), or 0.
+func (m *Msg) expires() int64 {
+	if m.x == nil {
+		return 0
+	}
+	return m.x.expires
+}
+
+// lastErr is the consumer's last error on m, or nil.
+func (m *Msg) lastErr() error {
+	if m.x == nil {
+		return nil
+	}
+	return m.x.lastErr
+}
+
+// dkey is m's key in the log, or "" for a message of an in-memory queue.
+func (m *Msg) dkey() string {
+	if m.x == nil {
+		return ""
+	}
+	return m.x.dkey
+}
+
+// clone returns a copy of m with its own msgExt.
+func (m *Msg) clone() *Msg {
+	c := *m
+	if m.x != nil {
+		x := *m.x
+		c.x = &x
+	}
+	return &c
 }
 
 // PublishOption configures one Publish call. Options are plain values, so

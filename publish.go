@@ -317,9 +317,10 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 	for i, q := range dst {
 		if q.cfg.durable {
 			rec.queues = append(rec.queues, q.name)
-			dm := *msgs[i] // durable queues never share their exchange's prototype
-			dm.Data, dm.dkey = Encoded{Body: body, Codec: d.codec}, key
-			msgs[i] = &dm
+			dm := msgs[i].clone() // durable queues never share their exchange's prototype
+			dm.Data = Encoded{Body: body, Codec: d.codec}
+			dm.ext().dkey = key
+			msgs[i] = dm
 		}
 	}
 	var b wal.Batch

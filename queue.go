@@ -309,7 +309,7 @@ func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) 
 		ttl = q.cfg.ttl
 	}
 	if ttl > 0 {
-		e.m.expires = deadline(now, sat(delay, ttl))
+		e.m.ext().expires = deadline(now, sat(delay, ttl))
 	}
 	if delay > 0 {
 		q.scheduled++
@@ -356,7 +356,7 @@ func (e *entry) expiresAt() int64 {
 	if e.m.shared {
 		return 0
 	}
-	return e.m.expires
+	return e.m.expires()
 }
 
 // armExpiryLocked returns when the scheduler should check the head of buf
@@ -398,7 +398,7 @@ func (q *queue) expireHead() {
 	q.wakeAfter(false, expiry)
 	for _, m := range dead {
 		q.c.expired.Add(1)
-		q.deadLetter(m, ReasonExpired, m.lastErr)
+		q.deadLetter(m, ReasonExpired, m.lastErr())
 	}
 }
 

@@ -3,6 +3,7 @@ package tinymq
 import (
 	"context"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -117,7 +118,7 @@ func TestBatchStopsBeforeAMessageWithADeadline(t *testing.T) {
 	for i := range 10 {
 		m := &Msg{ID: uint64(i)}
 		if i == 3 || i == 4 {
-			m.expires = 1
+			m.x = &msgExt{expires: 1}
 		}
 		q.buf.push(entry{m: m})
 	}
@@ -151,4 +152,9 @@ func TestIdleWorkerStealsFromABatch(t *testing.T) {
 	e, ok = a.claim()
 	require.True(t, ok)
 	assert.Equal(t, uint64(2), e.m.ID, "the owner goes on with what is left")
+}
+
+// A Msg is allocated per delivery: it stays in the 128-byte size class.
+func TestMsgStays128Bytes(t *testing.T) {
+	assert.Equal(t, uintptr(128), unsafe.Sizeof(Msg{}))
 }
