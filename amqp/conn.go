@@ -1,0 +1,250 @@
+package amqp
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/tinymq/tinymq"
+)
+
+// errEngineStopped is what waits for a connection return once the engine
+// has closed its connections for good.
+var errEngineStopped = fmt.Errorf("%w: the engine has shut down", tinymq.ErrStopped)
+
+// ensureRunning starts the supervisor on first use: the engine connects
+// lazily, at the first declaration, publish or Start, and never from Init.
+func (e *engine) ensureRunning() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.running || e.closing {
+		return
+	}
+	e.running = true
+	e.supWG.Add(1)
+	go e.supervise()
+}
+
+// supervise is the supervisor goroutine: it connects, re-declares the
+// topology, publishes the connections for publishers and consumers, waits
+// until one is lost, and starts again after a backoff with jitter, until quit
+// is closed. Started by ensureRunning; joined by finish (supWG).
+func (e *engine) supervise() {
+	defer e.supWG.Done()
+	defer e.own.leave(e.own.enter()) // it logs: the logger may call Stop
+	backoff := e.cfg.minBackoff
+	for {
+		connected, err := e.session()
+		select {
+		case <-e.quit:
+			return
+		default:
+		}
+		if connected {
+			backoff = e.cfg.minBackoff
+		}
+		e.mu.Lock()
+		e.lastErr = err
+		e.mu.Unlock()
+		wait := backoff/2 + rand.N(backoff/2+1)
+		e.logWarn("tinymq/amqp: no connection to the broker; reconnecting",
+			"err", errText(err), "backoff", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-e.quit:
+			t.Stop()
+			return
+		}
+		backoff = min(2*backoff, e.cfg.maxBackoff)
+	}
+}
+
+// session runs one pair of connections (publishing, consuming) until one of
+// them is lost or quit is closed. connected says whether both were up.
+func (e *engine) session() (connected bool, err error) {
+	pubConn, err := e.dial("publish")
+	if err != nil {
+		return false, err
+	}
+	defer pubConn.Close()
+	subConn, err := e.dial("consume")
+	if err != nil {
+		return false, err
+	}
+	defer subConn.Close()
+	pubClosed := pubConn.NotifyClose(make(chan *amqp091.Error, 1))
+	subClosed := subConn.NotifyClose(make(chan *amqp091.Error, 1))
+
+	e.topoMu.Lock()
+	e.gen++
+	gen := e.gen
+	steps := append([]step(nil), e.steps...)
+	e.topoMu.Unlock()
+	if err := e.redeclare(pubConn, steps); err != nil {
+		return false, err
+	}
+	s, err := e.openPub(pubConn)
+	if err != nil {
+		return false, err
+	}
+	subLost := make(chan struct{})
+	e.mu.Lock()
+	e.pub, e.pubConn, e.connGen = s, pubConn, gen
+	e.sub, e.subLost = subConn, subLost
+	e.lastErr = nil
+	e.signalLocked()
+	e.mu.Unlock()
+	e.logInfo("tinymq/amqp: connected to the broker")
+
+	defer func() {
+		e.mu.Lock()
+		e.pub, e.pubConn, e.sub, e.subLost = nil, nil, nil, nil
+		close(subLost)
+		e.signalLocked()
+		e.mu.Unlock()
+		// Closing the connection closes the channel; its confirm loop then
+		// hands every unconfirmed publish back to be sent again.
+		_ = pubConn.Close()
+		<-s.closed
+	}()
+	for {
+		select {
+		case aerr := <-pubClosed:
+			return true, connError("publishing connection", aerr)
+		case aerr := <-subClosed:
+			return true, connError("consuming connection", aerr)
+		case <-s.closed:
+			// The publishing channel closed but not its connection (the broker
+			// refused something): open another one.
+			e.mu.Lock()
+			e.pub = nil
+			e.signalLocked()
+			e.mu.Unlock()
+			// The usual cause is a publish to an exchange deleted behind our
+			// back: declare everything again before sending it again.
+			e.logWarn("tinymq/amqp: the publishing channel closed; declaring the topology and opening another")
+			e.topoMu.RLock()
+			steps := append([]step(nil), e.steps...)
+			e.topoMu.RUnlock()
+			if err := e.redeclare(pubConn, steps); err != nil {
+				return true, err
+			}
+			ns, err := e.openPub(pubConn)
+			if err != nil {
+				return true, err // s is closed: the deferred teardown does not wait
+			}
+			s = ns
+			e.mu.Lock()
+			e.pub = s
+			e.signalLocked()
+			e.mu.Unlock()
+		case <-e.quit:
+			return true, nil
+		}
+	}
+}
+
+func connError(what string, aerr *amqp091.Error) error {
+	if aerr == nil {
+		return fmt.Errorf("%s closed", what)
+	}
+	return fmt.Errorf("%s lost: %w", what, aerr)
+}
+
+// dial opens one connection with the configured client settings.
+func (e *engine) dial(purpose string) (*amqp091.Connection, error) {
+	cfg := e.cfg.amqp
+	cfg.Properties = maps.Clone(cfg.Properties)
+	if cfg.Properties == nil {
+		cfg.Properties = amqp091.NewConnectionProperties()
+	}
+	if _, ok := cfg.Properties["connection_name"]; !ok {
+		cfg.Properties["connection_name"] = "tinymq " + purpose
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 10 * time.Second
+	}
+	if cfg.Locale == "" {
+		cfg.Locale = "en_US"
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = amqp091.DefaultDial(10 * time.Second)
+	}
+	return amqp091.DialConfig(e.url, cfg)
+}
+
+// signalLocked wakes everyone waiting for the connection state to change.
+// The caller holds mu.
+func (e *engine) signalLocked() {
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+// waitConn waits for a publishing connection of another generation than
+// skip (0: any) and returns it with its generation. It fails when ctx ends
+// or the engine has shut down.
+func (e *engine) waitConn(ctx context.Context, skip uint64) (*amqp091.Connection, uint64, error) {
+	for {
+		e.mu.Lock()
+		conn, gen, changed, lastErr := e.pubConn, e.connGen, e.changed, e.lastErr
+		e.mu.Unlock()
+		if conn != nil && gen != skip {
+			return conn, gen, nil
+		}
+		select {
+		case <-changed:
+		case <-e.quit:
+			return nil, 0, errEngineStopped
+		case <-ctx.Done():
+			return nil, 0, noConnection(lastErr, ctx.Err())
+		}
+	}
+}
+
+// waitPub waits for a publishing session.
+func (e *engine) waitPub(ctx context.Context) (*pubSession, error) {
+	for {
+		e.mu.Lock()
+		s, changed, lastErr := e.pub, e.changed, e.lastErr
+		e.mu.Unlock()
+		if s != nil {
+			return s, nil
+		}
+		select {
+		case <-changed:
+		case <-e.quit:
+			return nil, errEngineStopped
+		case <-ctx.Done():
+			return nil, noConnection(lastErr, ctx.Err())
+		}
+	}
+}
+
+// waitSub waits for the consuming connection; ok is false once stop is
+// closed.
+func (e *engine) waitSub() (conn *amqp091.Connection, lost <-chan struct{}, ok bool) {
+	for {
+		e.mu.Lock()
+		conn, lost, changed := e.sub, e.subLost, e.changed
+		e.mu.Unlock()
+		if conn != nil {
+			return conn, lost, true
+		}
+		select {
+		case <-changed:
+		case <-e.stop:
+			return nil, nil, false
+		}
+	}
+}
+
+func noConnection(lastErr, ctxErr error) error {
+	if lastErr == nil {
+		return fmt.Errorf("no connection to the broker yet: %w", ctxErr)
+	}
+	return fmt.Errorf("no connection to the broker (%v): %w", lastErr, ctxErr)
+}

@@ -1,0 +1,53 @@
+// Package amqp runs a [tinymq.MQ] on a RabbitMQ broker, so that the code that
+// registers queues, binds, publishes, starts and stops an in-process MQ runs
+// unchanged across processes and restarts:
+//
+//	mq := tinymq.New(amqp.Engine("amqp://guest:guest@localhost:5672/"))
+//	mq.RegisterQueue("user.created", tinymq.Fanout, tinymq.Handler(sendWelcomeEmail), 4,
+//		tinymq.WithQueueName("welcome-email"),
+//		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 5}),
+//		tinymq.WithDeadLetter("user.created.dead", ""))
+//	mq.Start(ctx)
+//	mq.Publish("user.created", UserCreated{ID: 42}) // returns once the broker confirmed it
+//	defer mq.Stop()
+//
+// # Mapping
+//
+// Exchanges are declared durable with their type; an alternate exchange
+// becomes the alternate-exchange argument. Queues are durable and named
+// (a queue needs [tinymq.WithQueueName]); their options become arguments:
+// WithDeadLetter is x-dead-letter-exchange and x-dead-letter-routing-key,
+// WithMessageTTL is x-message-ttl, WithMaxLen is x-max-length with x-overflow
+// drop-head or reject-publish. Bindings use the same keys, and headers
+// arguments as AMQP tables with the field types the core's headers exchange
+// assumes. A queue's concurrency is its number of workers and its prefetch.
+//
+// Messages are encoded with the MQ's codec ([tinymq.WithCodec], JSON by
+// default; the content-type property names it), published persistent with
+// mandatory set, and confirmed by the broker before Publish returns.
+// Consumers get Data as a [tinymq.Encoded], which [tinymq.Handler] decodes.
+// A consumer that returns nil acks; a failure is retried through a wait queue
+// (tinymq.retry.<queue>.<ms>) whose TTL dead-letters the message back to its
+// queue, so backoffs survive a consumer restart and the attempt number is
+// read from the broker's x-death counts; an exhausted or [tinymq.Permanent]
+// failure is rejected, and the broker dead-letters it with x-death, from which
+// Msg.Deaths is built. A delayed publish waits in a delay queue
+// (tinymq.delay.<exchange>.<ms>) that dead-letters it into its exchange with
+// its routing key when the delay ends.
+//
+// # Failures
+//
+// The engine detects a lost connection or channel, reconnects with
+// exponential backoff and jitter ([WithReconnectBackoff]), declares the
+// topology again and resumes consuming. A Publish during an outage waits
+// for the connection, then for the confirm, and sends the message again if the
+// connection is lost before the confirm came, until its context ends or the
+// publish timeout passes ([WithPublishTimeout]); then it fails with
+// [ErrUnconfirmed]. It never returns nil for a message the broker did not
+// confirm.
+//
+// Shutdown (and Stop) cancels the consumers, lets the messages in consumers
+// finish, hands back what was prefetched, and closes the connections; the
+// broker keeps every other message for the next consumer. See README.md for
+// every difference from the in-memory engine.
+package amqp

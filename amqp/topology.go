@@ -1,0 +1,251 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/tinymq/tinymq"
+)
+
+// The engine's own names on the broker. Everything it declares besides the
+// application's exchanges and queues starts with "tinymq.", and the headers
+// it adds start with "tinymq-"; both are stripped from what consumers see.
+const (
+	// waitExchange routes a message to the wait queue (a retry's or a delay's)
+	// that its hdrWait header names. A headers exchange, so that the message
+	// keeps its own routing key.
+	waitExchange = "tinymq.wait"
+	// requeueExchange routes a message whose retry wait ended back to the
+	// queue that its hdrQueue header names, with its own routing key.
+	requeueExchange = "tinymq.requeue"
+	// retryPrefix names a queue's retry wait queues: tinymq.retry.<queue>.<ms>.
+	retryPrefix = "tinymq.retry."
+	// delayPrefix names an exchange's delay queues: tinymq.delay.<exchange>.<ms>.
+	delayPrefix = "tinymq.delay."
+
+	hdrPrefix   = "tinymq-"
+	hdrWait     = "tinymq-wait"     // the wait queue a message goes to
+	hdrQueue    = "tinymq-queue"    // the queue a retried message goes back to
+	hdrExchange = "tinymq-exchange" // the exchange a retried message was published to
+	hdrAttempt  = "tinymq-attempt"  // the attempt a retried message comes back for
+)
+
+// reserved reports whether an application name collides with the engine's.
+func reserved(name string) bool {
+	return name == waitExchange || name == requeueExchange ||
+		strings.HasPrefix(name, retryPrefix) || strings.HasPrefix(name, delayPrefix)
+}
+
+func retryQueueName(queue string, ms int64) string {
+	return retryPrefix + queue + "." + strconv.FormatInt(ms, 10)
+}
+
+func delayQueueName(exchange string, ms int64) string {
+	return delayPrefix + exchange + "." + strconv.FormatInt(ms, 10)
+}
+
+// millis rounds d up to whole milliseconds, at least 1, as AMQP TTLs count.
+func millis(d time.Duration) int64 {
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 || ms == 0 {
+		ms++
+	}
+	return ms
+}
+
+type stepKind uint8
+
+const (
+	stepExchange stepKind = iota + 1
+	stepQueue
+	stepBind
+)
+
+// step is one declaration, kept so that it can be made again on a new
+// connection (the broker may have lost it, or be a new node).
+type step struct {
+	kind     stepKind
+	name     string // exchange or queue
+	xkind    string // exchange type
+	exchange string // binding: the exchange
+	key      string // binding: the key
+	args     amqp091.Table
+}
+
+func (s step) String() string {
+	switch s.kind {
+	case stepExchange:
+		return fmt.Sprintf("exchange %q", s.name)
+	case stepQueue:
+		return fmt.Sprintf("queue %q", s.name)
+	default:
+		return fmt.Sprintf("binding of queue %q to exchange %q", s.name, s.exchange)
+	}
+}
+
+func (s step) apply(ch *amqp091.Channel) error {
+	switch s.kind {
+	case stepExchange:
+		return ch.ExchangeDeclare(s.name, s.xkind, true, false, false, false, s.args)
+	case stepQueue:
+		_, err := ch.QueueDeclare(s.name, true, false, false, false, s.args)
+		return err
+	default:
+		return ch.QueueBind(s.name, s.key, s.exchange, false, s.args)
+	}
+}
+
+func exchangeStep(name string, kind tinymq.ExchangeType, alternate string) step {
+	var args amqp091.Table
+	if alternate != "" {
+		args = amqp091.Table{"alternate-exchange": alternate}
+	}
+	return step{kind: stepExchange, name: name, xkind: kind.String(), args: args}
+}
+
+// bindingSteps returns the bindings of spec: one per key, one per argument
+// table, or one with neither.
+func bindingSteps(spec tinymq.BindingSpec) ([]step, error) {
+	var steps []step
+	switch {
+	case len(spec.Keys) > 0:
+		for _, k := range spec.Keys {
+			steps = append(steps, step{kind: stepBind, name: spec.Queue, exchange: spec.Exchange, key: k})
+		}
+	case len(spec.Args) > 0:
+		for _, a := range spec.Args {
+			t, err := toTable(a)
+			if err != nil {
+				return nil, fmt.Errorf("%w: binding arguments: %w", tinymq.ErrInvalidBinding, err)
+			}
+			steps = append(steps, step{kind: stepBind, name: spec.Queue, exchange: spec.Exchange, args: t})
+		}
+	default:
+		steps = append(steps, step{kind: stepBind, name: spec.Queue, exchange: spec.Exchange})
+	}
+	return steps, nil
+}
+
+// baseSteps are the engine's own exchanges, declared first on every
+// connection.
+func baseSteps() []step {
+	return []step{
+		{kind: stepExchange, name: waitExchange, xkind: "headers"},
+		{kind: stepExchange, name: requeueExchange, xkind: "headers"},
+	}
+}
+
+// declare applies steps on the publishing connection and records them, so
+// that every later connection declares them again. It waits at most the
+// publish timeout for a connection, and applies again what a lost connection
+// interrupted. Declarations are one at a time (declMu).
+func (e *engine) declare(steps []step) error {
+	e.ensureRunning()
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.publishTimeout)
+	defer cancel()
+	e.declMu.Lock()
+	defer e.declMu.Unlock()
+	from, recorded := 0, 0 // steps[from:] are to apply; steps[:recorded] are in e.steps
+	var skip uint64
+	for {
+		conn, gen, err := e.waitConn(ctx, skip)
+		if err != nil {
+			return fmt.Errorf("tinymq/amqp: declaring %v: %w", steps[from], err)
+		}
+		n, err := applySteps(conn, steps[from:])
+		// Record what was applied. If the connection changed meanwhile, the
+		// supervisor may have re-declared the topology without these steps:
+		// apply them all again on the new connection (declaring is idempotent).
+		e.topoMu.Lock()
+		if done := from + n; done > recorded {
+			for _, s := range steps[recorded:done] {
+				if s.kind == stepExchange && (e.exchanges[s.name] != nil || reserved(s.name)) {
+					continue // recorded already
+				}
+				e.steps = append(e.steps, s)
+				e.noteStepLocked(s)
+			}
+			recorded = done
+		}
+		same := e.gen == gen
+		e.topoMu.Unlock()
+		switch {
+		case !same:
+			from, skip = 0, 0
+		case err == nil:
+			return nil
+		case !conn.IsClosed():
+			return declareError(steps[from+n], err)
+		default: // the connection was lost: go on with the rest on the next one
+			from += n
+			skip = gen
+		}
+	}
+}
+
+// applySteps applies steps in order on one channel and returns how many
+// succeeded.
+func applySteps(conn *amqp091.Connection, steps []step) (int, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	for i, s := range steps {
+		if err := s.apply(ch); err != nil {
+			return i, err
+		}
+	}
+	return len(steps), nil
+}
+
+// redeclare applies every recorded step on conn, after a reconnect. A step the
+// broker refuses (someone declared it differently meanwhile) is logged and
+// skipped: the rest still matters.
+func (e *engine) redeclare(conn *amqp091.Connection, steps []step) error {
+	for len(steps) > 0 {
+		n, err := applySteps(conn, steps)
+		if err == nil {
+			return nil
+		}
+		if conn.IsClosed() {
+			return err
+		}
+		e.logError("tinymq/amqp: re-declaring after a reconnect failed; skipping it",
+			"step", steps[n].String(), "err", err.Error())
+		steps = steps[n+1:]
+	}
+	return nil
+}
+
+// noteStepLocked keeps what Publish needs to know of an exchange. The caller
+// holds topoMu.
+func (e *engine) noteStepLocked(s step) {
+	if s.kind == stepExchange && !reserved(s.name) && e.exchanges[s.name] == nil {
+		e.exchanges[s.name] = &exchangeState{kind: s.xkind}
+	}
+	if s.kind == stepQueue && strings.HasPrefix(s.name, delayPrefix) {
+		e.delays[s.name] = true
+	}
+}
+
+// declareError says what the broker refused.
+func declareError(s step, err error) error {
+	var ae *amqp091.Error
+	if errors.As(err, &ae) && ae.Code == amqp091.PreconditionFailed {
+		switch s.kind {
+		case stepExchange:
+			return fmt.Errorf("%w: exchange %q exists on the broker with another type or other arguments: %w",
+				tinymq.ErrExchangeMismatch, s.name, err)
+		case stepQueue:
+			return fmt.Errorf("%w: queue %q exists on the broker with other arguments (delete it, or change it with a policy): %w",
+				tinymq.ErrDuplicateQueue, s.name, err)
+		}
+	}
+	return fmt.Errorf("tinymq/amqp: declaring %v: %w", s, err)
+}
