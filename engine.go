@@ -40,7 +40,10 @@ type Engine interface {
 	// Start starts consuming; consumers get contexts derived from ctx.
 	Start(ctx context.Context) error
 	// Shutdown stops consuming and releases the engine's resources, waiting
-	// for in-flight consumers until ctx ends ([MQ.Shutdown]).
+	// for in-flight consumers until ctx ends ([MQ.Shutdown]). Publishes
+	// that began before it may still be running: Shutdown makes them return
+	// (confirmed, or with an error) by the time it returns. The MQ may call
+	// it more than once; later calls wait as the first does.
 	Shutdown(ctx context.Context) error
 	// Stats reports what the engine knows ([MQ.Stats]).
 	Stats() Stats
@@ -110,7 +113,8 @@ type Publishing struct {
 }
 
 // WithEngine makes the MQ run on e instead of in memory. A nil e is ignored.
-// See [Engine].
+// An Engine serves one MQ: give each MQ an option of its own (such as a new
+// amqp.Engine call). See [Engine].
 func WithEngine(e Engine) Option {
 	return optionFunc(func(m *MQ) {
 		if e != nil {

@@ -61,16 +61,18 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 	}
 }
 
-// publishOnEngine is PublishContext on an engine. It holds the read lock so
-// that Stop, which takes the write lock, sees each publish completely or not
-// at all, as in memory.
+// publishOnEngine is PublishContext on an engine. It checks the state under
+// the read lock but does not hold it while the engine publishes (a broker's
+// confirm may take long), so that Shutdown is never held up by a publish:
+// the engine's Shutdown makes the publishes still under way return.
 func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc *publishConfig) error {
 	if exchange == "" {
 		return fmt.Errorf("%w: exchange name", ErrEmptyName)
 	}
 	m.mu.RLock()
-	defer m.mu.RUnlock()
-	if m.state >= stateStopping {
+	stopping := m.state >= stateStopping
+	m.mu.RUnlock()
+	if stopping {
 		return ErrStopped
 	}
 	return m.engine.Publish(ctx, Publishing{Exchange: exchange, RoutingKey: pc.routingKey, Headers: pc.headers,
