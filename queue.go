@@ -425,7 +425,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 			q.wakeAfter(wake, expiry)
 			return e, true
 		}
-		if e, ok := q.stealLocked(); ok {
+		if e, ok := q.stealLocked(w); ok {
 			w.held = true
 			q.busy++
 			q.mu.Unlock()
@@ -479,20 +479,35 @@ func (w *worker) claim() (entry, bool) {
 	return e, true
 }
 
-// stealLocked claims an entry that another worker took but has not begun.
-// q.mu is held.
-func (q *queue) stealLocked() (entry, bool) {
+// stealLocked takes into w's batch half of the entries (at least one) that
+// the worker with the most of them took but has not begun, and claims the
+// first. Taking half, not one, keeps a thief from coming back under the lock
+// for every message. w's own batch is exhausted. q.mu is held.
+func (q *queue) stealLocked(w *worker) (entry, bool) {
+	var victim *worker
+	most := 0
 	for _, o := range q.workers {
-		if o.n-int(o.next.Load()) <= 0 {
-			continue
-		}
-		if i := int(o.next.Add(1)) - 1; i < o.n {
-			e := o.batch[i]
-			o.batch[i] = entry{}
-			return e, true
+		if left := o.n - int(o.next.Load()); left > most {
+			victim, most = o, left
 		}
 	}
-	return entry{}, false
+	if victim == nil {
+		return entry{}, false
+	}
+	k := int32((most + 1) / 2)
+	end := int(victim.next.Add(k)) // claims [end-k, end)
+	start := end - int(k)
+	end = min(end, victim.n) // the owner may have claimed some meanwhile
+	if start >= end {
+		return entry{}, false
+	}
+	n := copy(w.batch[:], victim.batch[start:end])
+	clear(victim.batch[start:end])
+	w.n = n
+	w.next.Store(1)
+	e := w.batch[0]
+	w.batch[0] = entry{}
+	return e, true
 }
 
 // batchedLocked counts the entries taken into batches and not claimed yet:

@@ -145,13 +145,19 @@ func TestIdleWorkerStealsFromABatch(t *testing.T) {
 	q.mu.Lock()
 	assert.Equal(t, 3, q.batchedLocked(), "a's unclaimed messages still wait")
 	q.mu.Unlock()
-	// a is stuck in a consumer; b finds buf empty and takes a's next message.
+	// a is stuck in a consumer; b finds buf empty and takes half of a's
+	// unclaimed messages.
 	e, ok = q.take(b)
 	require.True(t, ok)
 	assert.Equal(t, uint64(1), e.m.ID, "the idle worker runs the message the busy one held")
+	e, ok = b.claim()
+	require.True(t, ok)
+	assert.Equal(t, uint64(2), e.m.ID)
 	e, ok = a.claim()
 	require.True(t, ok)
-	assert.Equal(t, uint64(2), e.m.ID, "the owner goes on with what is left")
+	assert.Equal(t, uint64(3), e.m.ID, "the owner goes on with what is left")
+	_, ok = a.claim()
+	assert.False(t, ok)
 }
 
 // A Msg is allocated per delivery: it stays in the 128-byte size class.
