@@ -24,6 +24,18 @@ func WithDataDir(dir string) Option {
 	return optionFunc(func(m *MQ) { m.dataDir = dir })
 }
 
+// WithLogRepair lets the MQ open a write-ahead log that is damaged before its
+// end (a bad record followed by good ones; a torn tail left by a crash is
+// always cut): the log is cut at the first bad byte, the bytes cut are kept
+// beside it in files named "<segment>.corrupt-<offset>", and what was cut is
+// logged. Without it such a log makes Start (or the first RegisterQueue of a
+// durable queue) fail with an error wrapping [ErrLog] that names the file and
+// the offset. Messages after the damage are lost to the MQ, so repair only
+// after keeping a copy of the directory.
+func WithLogRepair() Option {
+	return optionFunc(func(m *MQ) { m.repairLog = true })
+}
+
 // WithSync sets how a Publish to a durable queue waits for the disk. With 0,
 // the default, Publish returns nil only once the message is on disk (an
 // fdatasync covers it); concurrent publishers share one fdatasync (group
@@ -97,7 +109,7 @@ func (m *MQ) openLog() error {
 	if m.dur != nil || m.dataDir == "" {
 		return m.durErr
 	}
-	l, err := wal.Open(m.dataDir, wal.Options{Sync: wal.SyncInterval(m.syncEvery), Logger: m.log, Faults: walFaults})
+	l, err := wal.Open(m.dataDir, wal.Options{Sync: wal.SyncInterval(m.syncEvery), Repair: m.repairLog, Logger: m.log, Faults: walFaults})
 	if err != nil {
 		if errors.Is(err, wal.ErrLocked) {
 			err = fmt.Errorf("%w: %w", ErrLocked, err)

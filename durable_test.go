@@ -3,6 +3,8 @@ package tinymq_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -312,4 +314,35 @@ func TestDiskFaults(t *testing.T) {
 			assert.NotContains(t, got, "before", "the acknowledged message stays acknowledged")
 		})
 	}
+}
+
+// A log damaged before its end is refused with an error naming the file and
+// offset, unless the user asks for repair, which keeps a copy of what it cuts.
+func TestCorruptLogIsRefusedUnlessRepaired(t *testing.T) {
+	dir := t.TempDir()
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+	for i := range 20 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	_ = m.Shutdown(context.Background())
+	segs, err := filepath.Glob(filepath.Join(dir, "*.wal"))
+	require.NoError(t, err)
+	require.NotEmpty(t, segs)
+	b, err := os.ReadFile(segs[0])
+	require.NoError(t, err)
+	b[100] ^= 0xff // inside an early record, with good ones after it
+	require.NoError(t, os.WriteFile(segs[0], b, 0o644))
+
+	m = tinymq.New(tinymq.WithDataDir(dir))
+	err = m.Start(context.Background())
+	require.ErrorIs(t, err, tinymq.ErrLog)
+	assert.Contains(t, err.Error(), filepath.Base(segs[0]))
+	m.Stop()
+
+	m = tinymq.New(tinymq.WithDataDir(dir), tinymq.WithLogRepair())
+	require.NoError(t, m.Start(context.Background()))
+	m.Stop()
+	kept, _ := filepath.Glob(filepath.Join(dir, "*.corrupt-*"))
+	assert.NotEmpty(t, kept, "what repair cut is kept")
 }

@@ -54,6 +54,7 @@ type MQ struct {
 	engine    Engine // nil: in memory
 	dataDir   string
 	syncEvery time.Duration
+	repairLog bool
 
 	initOnce sync.Once
 	own      owned // goroutine ids of the MQ's own goroutines
