@@ -163,11 +163,29 @@ func (q *queue) settle(m *Msg, err error) {
 	}
 	q.c.failed.Add(1)
 	m.ext().lastErr = err
+	if q.leftOnDisk(m, err) {
+		return
+	}
 	if m.Attempt < q.cfg.retry.MaxAttempts && !safeIs(err, ErrPermanent) {
 		q.retryLater(m, err)
 		return
 	}
 	q.deadLetter(m, ReasonRejected, err)
+}
+
+// leftOnDisk handles a durable message that failed, or must die, after a
+// Shutdown deadline aborted its queue: the consumer was most likely cancelled
+// by the deadline, so rather than drop or dead-letter it (into queues that
+// are shut) it stays in the log unacknowledged, counted undelivered, and is
+// delivered again after a restart, as a broker requeues what a closing
+// consumer did not acknowledge.
+func (q *queue) leftOnDisk(m *Msg, err error) bool {
+	if m.dkey() == "" || q.begun.Load()&abortBit == 0 {
+		return false
+	}
+	q.c.undelivered.Add(1)
+	q.logFailure(m, err, slog.LevelWarn, "tinymq: shutdown deadline passed; the message stays in the log for the next start")
+	return true
 }
 
 // retryLater schedules m for its next attempt after its backoff. The retry
@@ -203,6 +221,9 @@ func (q *queue) retryLater(m *Msg, err error) {
 // there is none or it cannot route m, and logs which with the reason and the
 // consumer's last error (cause). Either way m has reached its end here.
 func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
+	if q.leftOnDisk(m, cause) {
+		return
+	}
 	death := Death{Reason: reason, Exchange: m.Exchange, Queue: q.name, RoutingKey: m.RoutingKey,
 		Attempts: m.Attempt, Count: 1, MessageID: m.ID, Time: time.Now()}
 	if cause != nil {

@@ -239,6 +239,11 @@ func (m *MQ) declareLocked(name string, kind ExchangeType, cfg exchangeConfig, c
 		}
 		return ex, nil
 	}
+	if m.engine == nil {
+		if err := m.openLog(); err != nil { // IDs need the log's reservations from the start
+			return nil, err
+		}
+	}
 	ex := newExchange(name, kind, cfg)
 	if m.dur != nil {
 		ex.base = m.dur.seqs[name]
@@ -484,6 +489,11 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 		// and it was still in the consumer when the deadline passed.
 		m.lost = m.abortAll()
 		m.cancel()
+		// What is not done stays in the log: close it now, so that the data
+		// directory is free once Shutdown returns, even while a consumer
+		// that ignores its context still runs (its acknowledgement is then
+		// lost, and the message delivered again after a restart).
+		m.closeLog()
 		close(m.aborted)
 	})
 	if m.lost == (abortTally{}) {

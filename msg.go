@@ -121,8 +121,11 @@ func WithRoutingKey(key string) PublishOption {
 }
 
 // WithHeaders sets the message's headers, which headers exchanges route by.
-// Values must have an AMQP equivalent: nil, bool, the Go integer and float
-// types, string, []byte, time.Time, []any and map[string]any of those.
+// Values must have an AMQP equivalent: nil, bool, the Go integer types but
+// uintptr (uint and uint64 only up to math.MaxInt64, AMQP's largest), the
+// float types, string, []byte, time.Time, []any and map[string]any of those,
+// nested at most 32 deep. Through a durable queue's log every value keeps its
+// Go type; a time.Time comes back as the same instant (compare with Equal).
 // Publish returns [ErrInvalidHeaders] otherwise. The map is shared with the
 // consumers, not copied: do not modify it after Publish.
 func WithHeaders(h map[string]any) PublishOption {
