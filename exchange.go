@@ -85,6 +85,7 @@ type exchange struct {
 	headers map[*queue][]headersBinding
 
 	bindings []BindingInfo // as declared, for Topology
+	durable  atomic.Bool   // a durable queue is bound: publishes encode Data first
 
 	proto *Msg // what plain entries share (see entry)
 }
@@ -154,6 +155,10 @@ func checkBinding(kind ExchangeType, b binding) ([]headersBinding, error) {
 // validated the binding with checkBinding.
 func (e *exchange) bind(q *queue, b binding, hbs []headersBinding) {
 	e.bindings = append(e.bindings, BindingInfo{Queue: q.name, Keys: slices.Clone(b.keys), Args: slices.Clone(b.args)})
+	if q.cfg.durable {
+		e.durable.Store(true)
+		q.mq.anyDurable.Store(true)
+	}
 	switch e.kind {
 	case Fanout:
 		if !slices.Contains(e.all, q) {

@@ -87,8 +87,9 @@ type MQ struct {
 
 	deadLetters deadLetterRing
 
-	dur    *durableLog // the write-ahead log once open; set under the write lock
-	durErr error       // why it could not be opened
+	dur        *durableLog // the write-ahead log once open; set under the write lock
+	anyDurable atomic.Bool // a durable queue is bound to some exchange
+	durErr     error       // why it could not be opened
 }
 
 // abortTally is what Shutdown's deadline left undone.

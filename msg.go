@@ -153,6 +153,7 @@ type publishConfig struct {
 	headers    map[string]any
 	ttl        time.Duration
 	delay      time.Duration
+	encoded    []byte // Data already encoded for the log, or nil
 }
 
 func (c *publishConfig) apply(opts []PublishOption) error {

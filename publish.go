@@ -47,6 +47,11 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 	if m.engine != nil {
 		return m.publishOnEngine(ctx, exchange, data, &pc)
 	}
+	if m.anyDurable.Load() {
+		if err := m.preEncode(exchange, data, &pc); err != nil {
+			return err
+		}
+	}
 	for {
 		r := m.publish(exchange, data, &pc, nil, nil)
 		if r.room == nil {
@@ -309,9 +314,12 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 	if err := m.reserveIDs(ex, id); err != nil {
 		return err
 	}
-	body, err := encodeData(d.codec, data)
-	if err != nil {
-		return err
+	body := pc.encoded
+	if body == nil {
+		var err error
+		if body, err = encodeData(d.codec, data); err != nil {
+			return err
+		}
 	}
 	key := msgKey(ex.name, id)
 	rec := storedMsg{publishedAt: now.UnixNano(), visibleAt: deadline(now, pc.delay), expiration: pc.ttl,
@@ -393,4 +401,34 @@ func unreserve(qs []*queue) {
 	for _, q := range qs {
 		q.unreserve()
 	}
+}
+
+// preEncode encodes data for the log before Publish takes any lock, when the
+// exchange has a durable queue bound. The codec then runs on the caller's
+// goroutine with nothing held: a panic or an error fails the publish, and
+// even runtime.Goexit only ends the caller's goroutine. (Dead letters, and
+// publishes that reach a durable queue through an alternate exchange, are
+// encoded later, on a goroutine of their own: see encodeData.)
+func (m *MQ) preEncode(exchange string, data any, pc *publishConfig) (err error) {
+	m.mu.RLock()
+	ex := m.exchanges[exchange]
+	m.mu.RUnlock()
+	if ex == nil || !ex.durable.Load() {
+		return nil
+	}
+	if e, ok := data.(Encoded); ok {
+		pc.encoded = e.Body
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: the codec panicked: %v", ErrPayloadType, r)
+		}
+	}()
+	b, err := m.codec.Marshal(data)
+	if err != nil {
+		return fmt.Errorf("%w: encoding: %w", ErrPayloadType, err)
+	}
+	pc.encoded = b
+	return nil
 }
