@@ -90,7 +90,8 @@ type durableLog struct {
 // still hold it, and which acknowledged it already (their a/ keys go with it).
 type msgRefs struct {
 	pending int
-	acked   []string
+	acked   []string // queues whose a/ key is in the log
+	stated  []string // queues whose s/ key is in the log
 }
 
 // recoveredMsg is a message found on disk for one queue.
@@ -190,6 +191,9 @@ func (d *durableLog) recover() error {
 		}
 		d.seqs[exch] = max(d.seqs[exch], id)
 		r := &msgRefs{acked: acked[k]}
+		for q := range states[k] {
+			r.stated = append(r.stated, q)
+		}
 		for _, q := range s.queues {
 			if slices.Contains(r.acked, q) {
 				continue
@@ -287,31 +291,42 @@ func encodeData(c Codec, data any) ([]byte, error) {
 func (d *durableLog) ack(queue, key string, b *wal.Batch) {
 	d.mu.Lock()
 	r := d.refs[key]
-	last := r == nil || r.pending <= 1
-	var acked []string
+	if r == nil {
+		r = &msgRefs{pending: 1}
+	}
+	last := r.pending <= 1
+	stated := slices.Contains(r.stated, queue)
+	var acked, states []string
 	if last {
-		if r != nil {
-			acked = r.acked
-		}
+		acked, states = r.acked, r.stated
 		delete(d.refs, key)
 	} else {
 		r.pending--
 		r.acked = append(r.acked, queue)
+		if stated {
+			r.stated = slices.DeleteFunc(r.stated, func(q string) bool { return q == queue })
+		}
 	}
 	d.mu.Unlock()
 	async := b == nil
 	if async {
 		b = new(wal.Batch)
 	}
+	// Only keys that are in the log are deleted: a message that one queue
+	// acknowledges without a retry costs one Delete.
 	if last {
 		b.Delete([]byte(key))
-		for _, q := range append(acked, queue) {
+		for _, q := range acked {
 			b.Delete(queueKey("a/", q, key))
+		}
+		for _, q := range states {
 			b.Delete(queueKey("s/", q, key))
 		}
 	} else {
 		b.Put(queueKey("a/", queue, key), nil)
-		b.Delete(queueKey("s/", queue, key))
+		if stated {
+			b.Delete(queueKey("s/", queue, key))
+		}
 	}
 	if async {
 		_ = d.log.CommitAsync(b) // a lost acknowledgement means a redelivery
@@ -320,6 +335,11 @@ func (d *durableLog) ack(queue, key string, b *wal.Batch) {
 
 // saveState records a message's retry state in queue, without waiting.
 func (d *durableLog) saveState(queue, key string, st queueState) {
+	d.mu.Lock()
+	if r := d.refs[key]; r != nil && !slices.Contains(r.stated, queue) {
+		r.stated = append(r.stated, queue)
+	}
+	d.mu.Unlock()
 	var b wal.Batch
 	b.Put(queueKey("s/", queue, key), st.encode())
 	_ = d.log.CommitAsync(&b)
