@@ -47,6 +47,7 @@ type Collector struct {
 	counters              []queueCounter
 	ready, scheduled      *prometheus.Desc
 	inFlight              *prometheus.Desc
+	binding               *prometheus.Desc
 	consumerTime          *prometheus.Desc
 
 	// sums keeps, per queue, the last _sum exported for consumerTime, so that
@@ -149,6 +150,7 @@ func NewCollector(mq *tinymq.MQ, opts ...Option) (*Collector, error) {
 		ready:        desc("tinymq_queue_messages_ready", "Messages waiting in the queue for a worker.", "queue"),
 		scheduled:    desc("tinymq_queue_messages_scheduled", "Messages of the queue waiting for a delay or a retry backoff to pass.", "queue"),
 		inFlight:     desc("tinymq_queue_messages_in_flight", "Messages of the queue inside its consumer now.", "queue"),
+		binding:      desc("tinymq_queue_binding_info", "1 for each exchange the queue is bound to: join on queue to label a queue's metrics with its exchanges.", "exchange", "queue"),
 		consumerTime: desc("tinymq_queue_consumer_time_seconds", "Time the queue's consumer took, sampled by TinyMQ since the queue was registered; quantiles are upper bounds within a factor of 2.", "queue"),
 		sums:         make(map[string]float64),
 	}
@@ -196,6 +198,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.scheduled
 	ch <- c.inFlight
 	ch <- c.consumerTime
+	ch <- c.binding
 	c.hist.Describe(ch)
 }
 
@@ -224,6 +227,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			quantiles[.5], quantiles[.9], quantiles[.99] = ct.P50.Seconds(), ct.P90.Seconds(), ct.P99.Seconds()
 		}
 		ch <- prometheus.MustNewConstSummary(c.consumerTime, ct.Samples, c.consumerTimeSum(name, ct), quantiles, name)
+	}
+	seen := make(map[[2]string]bool)
+	for _, ex := range c.mq.Topology().Exchanges {
+		for _, b := range ex.Bindings {
+			if k := [2]string{ex.Name, b.Queue}; !seen[k] {
+				seen[k] = true
+				ch <- prometheus.MustNewConstMetric(c.binding, prometheus.GaugeValue, 1, ex.Name, b.Queue)
+			}
+		}
 	}
 	c.hist.Collect(ch)
 }

@@ -558,3 +558,25 @@ func TestCollectRacingPublishers(t *testing.T) {
 	}
 	assert.Equal(t, float64(publishers*each), total)
 }
+
+// Each binding of a queue is an info metric, so that a query can label a
+// queue's metrics with the exchanges it is bound to.
+func TestBindingInfo(t *testing.T) {
+	m := tinymq.New()
+	nop := func(context.Context, *tinymq.Msg) error { return nil }
+	require.NoError(t, m.RegisterQueue("users", tinymq.Fanout, nop, 1, tinymq.WithQueueName("audit")))
+	require.NoError(t, m.RegisterQueue("orders", tinymq.Topic, nop, 1, tinymq.WithQueueName("billing"),
+		tinymq.WithBindingKey("order.*"), tinymq.WithBindingKey("order.#")))
+	require.NoError(t, m.Bind("audit", "orders", tinymq.Topic, tinymq.WithBindingKey("#")))
+	c, err := tinymqprom.NewCollector(m)
+	require.NoError(t, err)
+	want := `
+# HELP tinymq_queue_binding_info 1 for each exchange the queue is bound to: join on queue to label a queue's metrics with its exchanges.
+# TYPE tinymq_queue_binding_info gauge
+tinymq_queue_binding_info{exchange="orders",queue="audit"} 1
+tinymq_queue_binding_info{exchange="orders",queue="billing"} 1
+tinymq_queue_binding_info{exchange="users",queue="audit"} 1
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "tinymq_queue_binding_info"))
+	m.Stop()
+}
