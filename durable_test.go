@@ -238,12 +238,18 @@ func TestUnregisteredDurableQueueIsShownNotDeleted(t *testing.T) {
 	require.NoError(t, m.Publish("ev", 2))
 	_ = m.Shutdown(context.Background())
 
-	m = tinymq.New(tinymq.WithDataDir(dir))
+	log, records := logRecords()
+	m = tinymq.New(tinymq.WithDataDir(dir), tinymq.WithLogger(log))
 	require.NoError(t, m.Start(context.Background()))
 	st := m.Stats().Queues["old"]
 	assert.True(t, st.Unregistered)
 	assert.Equal(t, 2, st.Depth)
 	m.Stop()
+	var logged bool
+	for _, r := range records(t) {
+		logged = logged || (r["queue"] == "old" && r["count"] == float64(2))
+	}
+	assert.True(t, logged, "Start logs the durable queue that is not registered")
 
 	m = tinymq.New(tinymq.WithDataDir(dir))
 	got := make(chan *tinymq.Msg, 2)
@@ -512,3 +518,31 @@ func (c hostileCodec) Marshal(any) ([]byte, error) {
 }
 func (hostileCodec) Unmarshal([]byte, any) error { return errors.New("cannot decode") }
 func (hostileCodec) ContentType() string         { return "application/x-hostile" }
+
+// Delays and TTL deadlines survive a restart: a delayed message still waits,
+// and one whose TTL passed while the process was down expires, dead-lettered.
+func TestDelaysAndDeadlinesSurviveARestart(t *testing.T) {
+	dir := t.TempDir()
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(),
+		tinymq.WithDeadLetter("dlx", "")))
+	require.NoError(t, m.Publish("ev", "later", tinymq.WithDelay(time.Hour)))
+	require.NoError(t, m.Publish("ev", "short-lived", tinymq.WithExpiration(50*time.Millisecond)))
+	_ = m.Shutdown(context.Background()) // before Start: both stay on disk
+	time.Sleep(100 * time.Millisecond)  // the TTL passes while nothing runs
+
+	m = tinymq.New(tinymq.WithDataDir(dir))
+	dead := deadLetters(t, m)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(),
+		tinymq.WithDeadLetter("dlx", "")))
+	require.NoError(t, m.Start(context.Background()))
+	d := recv(t, dead, 1)[0]
+	assert.Equal(t, tinymq.ReasonExpired, d.Deaths[0].Reason)
+	st := m.Stats().Queues["q"]
+	assert.Equal(t, 1, st.Scheduled, "the delayed message still waits for its hour")
+	assert.Zero(t, st.Delivered)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered, "the delayed one stays on disk")
+	m.Stop()
+}
