@@ -74,7 +74,8 @@ type exchange struct {
 	kind       ExchangeType
 	cfg        exchangeConfig
 	seq        atomic.Uint64 // the last ID stamped
-	base       uint64        // seq when this run declared the exchange: Published is seq-base
+	base       uint64        // seq when this run declared the exchange: Published is seq-base-refused
+	refused    atomic.Uint64 // IDs stamped on dead letters that every queue then refused
 	reserved   atomic.Uint64 // IDs up to this are recorded in the log (see reserveIDs)
 	reserveMu  sync.Mutex
 	unroutable atomic.Uint64 // publishes refused with ErrNoRoute

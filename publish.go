@@ -283,21 +283,28 @@ func (m *MQ) enqueueAdmitted(ex *exchange, dst []*queue, msgs []*Msg, data any, 
 	id := ex.seq.Add(1)
 	now := time.Now()
 	if err := m.logMessage(ex, id, now, dst, msgs, data, pc, deaths, dl); err != nil {
+		ex.refused.Add(1)
 		unreserve(dst)
 		return publishResult{err: err}
 	}
 	var res publishResult
+	taken := 0
 	for i, q := range dst {
 		ev, err := q.acceptReserved(newEntry(msgs[i], id, data), now, pc.delay, pc.ttl)
 		if ev != nil {
 			res.evicted = append(res.evicted, eviction{q, ev})
 		}
-		if err != nil { // aborted since it admitted the message: counted undelivered
+		if err != nil { // a Shutdown deadline aborted it since it admitted the message
 			continue
 		}
+		taken++
 		if pc.delay > 0 && !evictedSelf(res.evicted, msgs[i]) {
 			m.sched.add(now.Add(pc.delay), q, msgs[i])
 		}
+	}
+	if taken == 0 { // only a dead letter can get here: publishes are refused once stopping
+		ex.refused.Add(1)
+		res.err = ErrStopped
 	}
 	return res
 }

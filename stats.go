@@ -102,7 +102,7 @@ func (m *MQ) Stats() Stats {
 		Queues:    make(map[string]QueueStats, len(m.order)),
 	}
 	for name, ex := range m.exchanges {
-		s.Exchanges[name] = ExchangeStats{Kind: ex.kind, Published: ex.seq.Load() - ex.base, Unroutable: ex.unroutable.Load()}
+		s.Exchanges[name] = ExchangeStats{Kind: ex.kind, Published: ex.seq.Load() - ex.base - ex.refused.Load(), Unroutable: ex.unroutable.Load()}
 	}
 	for _, q := range m.order {
 		s.Queues[q.name] = q.stats()
