@@ -529,7 +529,7 @@ func TestDelaysAndDeadlinesSurviveARestart(t *testing.T) {
 	require.NoError(t, m.Publish("ev", "later", tinymq.WithDelay(time.Hour)))
 	require.NoError(t, m.Publish("ev", "short-lived", tinymq.WithExpiration(50*time.Millisecond)))
 	_ = m.Shutdown(context.Background()) // before Start: both stay on disk
-	time.Sleep(100 * time.Millisecond)  // the TTL passes while nothing runs
+	time.Sleep(100 * time.Millisecond)   // the TTL passes while nothing runs
 
 	m = tinymq.New(tinymq.WithDataDir(dir))
 	dead := deadLetters(t, m)
