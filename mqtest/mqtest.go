@@ -615,11 +615,19 @@ func (s *suite) retries(t *testing.T) {
 	equal(t, d.RoutingKey, "new", "dead letter keeps its routing key")
 	equal(t, d.Headers["tenant"], any("acme"), "dead letter keeps its headers")
 	s.checkDeath(t, d, tinymq.Death{Reason: tinymq.ReasonRejected, Queue: n("orders"), Exchange: ex, RoutingKey: "new", Attempts: 3}, id, begin)
-	st := m.Stats().Queues[n("orders")]
-	equal(t, st.Delivered, uint64(3), "Stats Delivered")
-	equal(t, st.Failed, uint64(3), "Stats Failed")
-	equal(t, st.Retried, uint64(2), "Stats Retried")
-	equal(t, st.DeadLettered, uint64(1), "Stats DeadLettered")
+	// The dead letter can arrive before its source counts it.
+	deadline := time.Now().Add(timeout)
+	for {
+		st := m.Stats().Queues[n("orders")]
+		if st.DeadLettered == 1 || time.Now().After(deadline) {
+			equal(t, st.Delivered, uint64(3), "Stats Delivered")
+			equal(t, st.Failed, uint64(3), "Stats Failed")
+			equal(t, st.Retried, uint64(2), "Stats Retried")
+			equal(t, st.DeadLettered, uint64(1), "Stats DeadLettered")
+			return
+		}
+		<-time.After(5 * time.Millisecond) // polling a counter: nothing to wait on
+	}
 }
 
 func (s *suite) permanent(t *testing.T) {
