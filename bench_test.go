@@ -170,6 +170,35 @@ func BenchmarkPublishDeliver(b *testing.B) {
 	}
 }
 
+// BenchmarkSweep varies one thing at a time from 1 queue, 1 worker, 64-byte
+// payloads, with the chan and chanmsg floors in every row: fanout to 1 to 256
+// queues, 1, 2 and 4 workers on one queue (more workers must never make a
+// trivial consumer slower), and payloads of 64 B, 1 KiB and 64 KiB.
+//
+//	go test -run '^$' -bench Sweep -benchtime 100000x -count 9 . | tee sweep.txt
+//	benchstat -col /impl sweep.txt
+func BenchmarkSweep(b *testing.B) {
+	type row struct{ queues, workers, size int }
+	var rows []row
+	for _, q := range []int{1, 4, 16, 64, 256} {
+		rows = append(rows, row{q, 1, 64})
+	}
+	for _, w := range []int{2, 4} {
+		rows = append(rows, row{1, w, 64})
+	}
+	for _, size := range []int{1 << 10, 64 << 10} {
+		rows = append(rows, row{1, 1, size})
+	}
+	for _, r := range rows {
+		for _, impl := range impls {
+			name := fmt.Sprintf("queues=%d/workers=%d/size=%d/impl=%s", r.queues, r.workers, r.size, impl.name)
+			b.Run(name, func(b *testing.B) {
+				benchPipeline(b, impl.new, r.queues, r.workers, r.size, false)
+			})
+		}
+	}
+}
+
 func benchPipeline(b *testing.B, newPipeline func(*testing.B, int, int, *done) pipeline, queues, concurrency, size int, parallel bool) {
 	data := make([]byte, size)
 	d := newDone(int64(b.N) * int64(queues))
