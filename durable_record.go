@@ -43,12 +43,12 @@ type queueState struct {
 	lastErr string
 }
 
-func msgKey(exchange string, id uint64) string {
+func msgKey(exchange string, id uint64) []byte {
 	b := make([]byte, 0, 2+len(exchange)+1+8)
 	b = append(b, "m/"...)
 	b = append(b, exchange...)
 	b = append(b, 0)
-	return string(binary.BigEndian.AppendUint64(b, id))
+	return binary.BigEndian.AppendUint64(b, id)
 }
 
 // parseMsgKey returns the exchange and ID of a message key.

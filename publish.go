@@ -328,20 +328,23 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 			return err
 		}
 	}
-	key := msgKey(ex.name, id)
+	kb := msgKey(ex.name, id)
+	key := string(kb)
 	rec := storedMsg{publishedAt: now.UnixNano(), visibleAt: deadline(now, pc.delay), expiration: pc.ttl,
 		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body}
 	for i, q := range dst {
 		if q.cfg.durable {
 			rec.queues = append(rec.queues, q.name)
-			dm := msgs[i].clone() // durable queues never share their exchange's prototype
+			// A durable queue's Msg is its own, made by publish for this
+			// publish (durable queues never share their exchange's
+			// prototype), so it is filled in place.
+			dm := msgs[i]
 			dm.Data = Encoded{Body: body, Codec: d.codec}
 			dm.ext().dkey = key
-			msgs[i] = dm
 		}
 	}
 	var b wal.Batch
-	b.Put([]byte(key), rec.encode())
+	b.Put(kb, rec.encode())
 	if dl != nil && dl.src != nil {
 		dl.src(&b)
 	}
