@@ -326,6 +326,35 @@ var scenarios = map[string]func(t *testing.T){
 		assert.ErrorIs(t, err, tinymq.ErrUndelivered)
 		assert.Less(t, time.Since(start), 5*time.Second, "Shutdown returned near its deadline")
 	},
+	"logger calls runtime.Goexit": func(t *testing.T) {
+		h := &callbackHandler{fn: runtime.Goexit}
+		m := tinymq.New(tinymq.WithLogger(slog.New(h)))
+		dead := deadLetters(t, m)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
+			tinymq.WithMessageTTL(time.Hour), tinymq.WithDeadLetter("dlx", "")))
+		require.NoError(t, m.RegisterQueue("slow", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}, 1, tinymq.WithQueueName("slow")))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 5 {
+			require.NoError(t, m.Publish("ev", i)) // failure, retry, dead letter: each logged
+		}
+		recv(t, dead, 5)
+		require.NoError(t, m.Publish("slow", 1))
+		require.NoError(t, m.Publish("slow", 2)) // left undelivered by the deadline: logged by the drain
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		assert.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
+		m.Stop()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, uint64(10), st.Failed)
+		assert.Equal(t, uint64(5), st.Retried)
+		assert.Equal(t, uint64(5), st.DeadLettered)
+		slow := m.Stats().Queues["slow"]
+		assert.Equal(t, slow.Accepted, slow.Succeeded+slow.DeadLettered+slow.Dropped+slow.Undelivered)
+	},
 	"logger calls Stop": func(t *testing.T) {
 		var m *tinymq.MQ
 		h := &callbackHandler{fn: func() { m.Stop() }}

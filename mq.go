@@ -135,15 +135,31 @@ func (m *MQ) init() {
 }
 
 // logAttrs logs msg at level with the attributes attrs adds to the slice it
-// is given. The logger is user code: a panic in it is recovered and
-// forgotten, and attrs is not called when the level is disabled.
+// is given; attrs is not called when the level is disabled. The logger is
+// user code, so it runs on a goroutine of its own, joined here: a panic in it
+// is recovered and forgotten, and a runtime.Goexit ends only that goroutine,
+// never a worker, the scheduler or the drain in the middle of their
+// bookkeeping. That goroutine counts as the MQ's own, so a logger that calls
+// Stop does not wait for itself. Logging happens only on failures, so the
+// goroutine (about a microsecond) is off the delivery path; the default
+// logger, which discards, costs nothing.
 func (m *MQ) logAttrs(level slog.Level, msg string, attrs func([]slog.Attr) []slog.Attr) {
-	defer func() { _ = recover() }()
-	ctx := context.Background()
-	if !m.log.Enabled(ctx, level) {
+	if m.log == discardLogger {
 		return
 	}
-	m.log.LogAttrs(ctx, level, msg, attrs(make([]slog.Attr, 0, 8))...)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		id := m.own.enter()
+		defer m.own.leave(id)
+		defer func() { _ = recover() }()
+		ctx := context.Background()
+		if !m.log.Enabled(ctx, level) {
+			return
+		}
+		m.log.LogAttrs(ctx, level, msg, attrs(make([]slog.Attr, 0, 8))...)
+	}()
+	<-done
 }
 
 // owned is the set of the MQ's own goroutines that run user code, by
