@@ -26,41 +26,6 @@ import (
 // for that when the queue's concurrency is above 1.
 type ConsumerFunc func(ctx context.Context, msg *Msg) error
 
-// Handler adapts a function of one payload type into a ConsumerFunc, so that
-// a queue of UserCreated events can be consumed by
-// func(ctx context.Context, e UserCreated) error. A message whose Data is an
-// [Encoded] (a durable queue, a broker) is decoded into a T with its codec, so
-// the function gets the same T on every engine, before and after a restart.
-// A nil Data is the zero T when T is an interface type. A message whose Data
-// is not a T otherwise fails with a [Permanent] error wrapping [ErrPayloadType], so it is
-// dead-lettered without retries. Handler(nil) returns nil, which
-// RegisterQueue refuses.
-func Handler[T any](fn func(ctx context.Context, v T) error) ConsumerFunc {
-	if fn == nil {
-		return nil
-	}
-	// nil is a valid value of an interface type T, such as any or error.
-	nilOK := reflect.TypeFor[T]().Kind() == reflect.Interface
-	return func(ctx context.Context, msg *Msg) error {
-		v, ok := msg.Data.(T)
-		if !ok {
-			switch d := msg.Data.(type) {
-			case Encoded:
-				if err := d.Decode(&v); err != nil {
-					return Permanent(fmt.Errorf("%w, want %v", err, reflect.TypeFor[T]()))
-				}
-			case nil:
-				if !nilOK {
-					return Permanent(fmt.Errorf("%w: got nil, want %v", ErrPayloadType, reflect.TypeFor[T]()))
-				}
-			default:
-				return Permanent(fmt.Errorf("%w: got %T, want %v", ErrPayloadType, msg.Data, reflect.TypeFor[T]()))
-			}
-		}
-		return fn(ctx, v)
-	}
-}
-
 // run is the goroutine of worker slot w: it delivers messages until the
 // queue is closed and empty, or aborted. wg.Done is its join. A consumer that
 // ends the goroutine with runtime.Goexit (as t.FailNow does) fails its
@@ -90,18 +55,24 @@ func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
 			w.drop() // aborted: abort counted the rest as undelivered
 			continue
 		}
-		q.deliver(ctx, w, e.msg(q.name))
+		q.deliver(ctx, w, &e)
 	}
 }
 
-// deliver hands m to the consumer, unless it expired, and settles the outcome.
-func (q *queue) deliver(ctx context.Context, w *worker, m *Msg) {
-	if e := m.expires(); e != 0 && time.Now().UnixNano() >= e {
-		q.c.expired.Add(1)
-		q.deadLetter(m, ReasonExpired, m.lastErr())
-		return
+// deliver hands e's message to the consumer, unless it expired, and settles
+// the outcome. A direct consumer ([RegisterHandler]) of a shared entry gets
+// the message by value, and a Msg is made only if it fails.
+func (q *queue) deliver(ctx context.Context, w *worker, e *entry) {
+	var m *Msg
+	if q.consumer.direct == nil || !e.m.shared {
+		m = e.msg(q.name)
+		if x := m.expires(); x != 0 && time.Now().UnixNano() >= x {
+			q.c.expired.Add(1)
+			q.deadLetter(m, ReasonExpired, m.lastErr())
+			return
+		}
+		m.Attempt++
 	}
-	m.Attempt++
 	q.c.delivered.Add(1)
 	timed := w.calls%sampleEvery == 0
 	w.calls++
@@ -109,18 +80,34 @@ func (q *queue) deliver(ctx context.Context, w *worker, m *Msg) {
 	if timed {
 		start = time.Now()
 	}
-	err := q.process(ctx, m)
+	err := q.process(ctx, e, m)
 	if timed {
 		q.hist.observe(time.Since(start))
+	}
+	if m == nil {
+		if err == nil {
+			q.c.succeeded.Add(1)
+			return
+		}
+		m = e.firstMsg(q.name)
 	}
 	q.settle(m, err)
 }
 
-// process runs the consumer on one message, turning a panic into a
-// [*PanicError] and a typed nil error into [ErrTypedNil]. If the consumer
-// calls runtime.Goexit, process settles the message itself with
-// [ErrGoexit], as the goroutine will not return to do it.
-func (q *queue) process(ctx context.Context, m *Msg) (err error) {
+// firstMsg is the Msg of a shared entry's first delivery, made once a direct
+// consumer failed it.
+func (e *entry) firstMsg(queue string) *Msg {
+	m := e.msg(queue)
+	m.Attempt = 1
+	return m
+}
+
+// process runs the consumer on one message, m or (for a direct consumer, when
+// m is nil) the shared entry e, turning a panic into a [*PanicError] and a
+// typed nil error into [ErrTypedNil]. If the consumer calls runtime.Goexit,
+// process settles the message itself with [ErrGoexit], as the goroutine will
+// not return to do it.
+func (q *queue) process(ctx context.Context, e *entry, m *Msg) (err error) {
 	returned := false
 	defer func() {
 		if returned {
@@ -130,9 +117,19 @@ func (q *queue) process(ctx context.Context, m *Msg) (err error) {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
 			return
 		}
+		if m == nil {
+			m = e.firstMsg(q.name)
+		}
 		q.settle(m, fmt.Errorf("%w (queue %q)", ErrGoexit, q.name))
 	}()
-	err = q.consumer(ctx, m)
+	switch {
+	case m == nil:
+		err = q.consumer.direct(ctx, e.delivery(q.name))
+	case q.consumer.direct != nil:
+		err = q.consumer.direct(ctx, m.delivery())
+	default:
+		err = q.consumer.fn(ctx, m)
+	}
 	returned = true
 	if err != nil && isNil(err) {
 		err = fmt.Errorf("%w: the consumer returned a nil %T", ErrTypedNil, err)

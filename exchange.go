@@ -163,12 +163,12 @@ func (e *exchange) bind(q *queue, b binding, hbs []headersBinding) {
 	switch e.kind {
 	case Fanout:
 		if !slices.Contains(e.all, q) {
-			e.all = append(e.all, q)
+			e.all = append(slices.Clip(e.all), q)
 		}
 	case Direct:
 		for _, k := range b.keys {
-			if !slices.Contains(e.direct[k], q) {
-				e.direct[k] = append(e.direct[k], q)
+			if qs := e.direct[k]; !slices.Contains(qs, q) {
+				e.direct[k] = append(slices.Clip(qs), q)
 			}
 		}
 	case Topic:
@@ -183,14 +183,16 @@ func (e *exchange) bind(q *queue, b binding, hbs []headersBinding) {
 	}
 }
 
-// route appends to dst each queue that the message matches, once. The caller
-// holds the MQ's read lock.
+// route returns each queue that the message matches, once: for a fanout or
+// direct exchange its own list, which the caller must not modify, else dst
+// with the queues appended. The caller holds the MQ's read lock, and bind
+// replaces rather than modifies a list that a route may have returned.
 func (e *exchange) route(key string, h map[string]any, dst []*queue) []*queue {
 	switch e.kind {
 	case Fanout:
-		return append(dst, e.all...)
+		return e.all
 	case Direct:
-		return append(dst, e.direct[key]...)
+		return e.direct[key]
 	case Topic:
 		start := len(dst)
 		dst = e.topic.match(key, dst)

@@ -65,6 +65,7 @@ type MQ struct {
 	mu        sync.RWMutex
 	state     mqState
 	exchanges map[string]*exchange
+	lastEx    atomic.Pointer[exchange] // the exchange last published to: a lookup without hashing
 	queues    map[string]*queue
 	order     []*queue        // queues in registration order
 	ctx       context.Context // the consumers' context, from Start
@@ -286,6 +287,14 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 	if consumer == nil {
 		return ErrNilConsumer
 	}
+	return m.register(exchange, kind, consumerOf(consumer), concurrency, opts)
+}
+
+// consumerOf is a ConsumerFunc as a queue's consumer.
+func consumerOf(fn ConsumerFunc) consumer { return consumer{fn: fn} }
+
+// register is RegisterQueue for a consumer of either form.
+func (m *MQ) register(exchange string, kind ExchangeType, c consumer, concurrency int, opts []QueueOption) error {
 	if concurrency < 1 || concurrency > MaxConcurrency {
 		return fmt.Errorf("%w: got %d, want 1 to %d", ErrInvalidConcurrency, concurrency, MaxConcurrency)
 	}
@@ -308,7 +317,7 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 		return fmt.Errorf("%w: %q", ErrDuplicateQueue, name)
 	}
 	if m.engine != nil {
-		return m.registerOnEngine(exchange, kind, consumer, concurrency, name, cfg)
+		return m.registerOnEngine(exchange, kind, c, concurrency, name, cfg)
 	}
 	if cfg.durable {
 		if cfg.name == "" || m.dataDir == "" {
@@ -322,7 +331,7 @@ func (m *MQ) RegisterQueue(exchange string, kind ExchangeType, consumer Consumer
 	if err != nil {
 		return err
 	}
-	q := newQueue(len(m.order), name, consumer, concurrency, cfg, m)
+	q := newQueue(len(m.order), name, c, concurrency, cfg, m)
 	m.queues[name] = q
 	m.order = append(m.order, q)
 	ex.bind(q, cfg.binding, hbs)
@@ -637,7 +646,7 @@ func quiescent(queues []*queue) bool {
 // lock, so the engine sees registrations one at a time and none after Stop
 // began; the queue is recorded, without workers, so that names stay unique
 // and Bind finds it.
-func (m *MQ) registerOnEngine(exchange string, kind ExchangeType, consumer ConsumerFunc, concurrency int, name string, cfg queueConfig) error {
+func (m *MQ) registerOnEngine(exchange string, kind ExchangeType, c consumer, concurrency int, name string, cfg queueConfig) error {
 	if exchange == "" {
 		return fmt.Errorf("%w: exchange name", ErrEmptyName)
 	}
@@ -648,7 +657,7 @@ func (m *MQ) registerOnEngine(exchange string, kind ExchangeType, consumer Consu
 	spec := QueueSpec{
 		Name: name, Named: cfg.name != "",
 		Binding:     BindingSpec{Queue: name, Exchange: exchange, Kind: kind, Keys: cfg.binding.keys, Args: cfg.binding.args},
-		Consumer:    consumer,
+		Consumer:    c.fn,
 		Concurrency: concurrency,
 		Retry:       retry,
 		MessageTTL:  cfg.ttl,
@@ -663,7 +672,7 @@ func (m *MQ) registerOnEngine(exchange string, kind ExchangeType, consumer Consu
 	if err := m.engine.DeclareQueue(spec); err != nil {
 		return err
 	}
-	q := newQueue(len(m.order), name, consumer, concurrency, cfg, m)
+	q := newQueue(len(m.order), name, c, concurrency, cfg, m)
 	m.queues[name] = q
 	m.order = append(m.order, q)
 	ex.bind(q, cfg.binding, nil)

@@ -40,7 +40,7 @@ type Msg struct {
 	// broker (RabbitMQ's redelivered flag).
 	Redelivered bool
 
-	shared bool    // an exchange's prototype for plain entries, never delivered
+	shared bool    // a record that entries of several queues share, never delivered (see entry)
 	x      *msgExt // what few messages need; nil for most, so a Msg stays 128 bytes
 }
 

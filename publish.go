@@ -38,28 +38,28 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
 	}
 	m.init()
-	var pc publishConfig
+	r := records{data: data}
 	if len(opts) > 0 {
-		if err := pc.apply(opts); err != nil {
+		if err := r.pc.apply(opts); err != nil {
 			return err
 		}
 	}
 	if m.engine != nil {
-		return m.publishOnEngine(ctx, exchange, data, &pc)
+		return m.publishOnEngine(ctx, exchange, data, &r.pc)
 	}
 	if m.anyDurable.Load() {
-		if err := m.preEncode(exchange, data, &pc); err != nil {
+		if err := m.preEncode(exchange, data, &r.pc); err != nil {
 			return err
 		}
 	}
 	for {
-		r := m.publish(exchange, data, &pc, nil, nil)
-		if r.room == nil {
+		room, err := m.publish(exchange, &r, nil)
+		if room == nil {
 			settleEvicted(r.evicted)
-			return r.err
+			return err
 		}
 		select {
-		case <-r.room:
+		case <-room:
 		case <-ctx.Done():
 			return fmt.Errorf("%w: waiting for room: %w", ErrQueueFull, ctx.Err())
 		}
@@ -95,18 +95,10 @@ func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc 
 // letter that reaches a durable queue, so that the move is atomic; when it
 // is not called, the caller acknowledges on its own.
 func (m *MQ) publishDead(exchange string, data any, key string, headers map[string]any, deaths []Death, src func(*wal.Batch)) error {
-	pc := publishConfig{routingKey: key, headers: headers}
-	r := m.publish(exchange, data, &pc, deaths, &deadLetter{src: src})
+	r := records{data: data, pc: publishConfig{routingKey: key, headers: headers}, deaths: deaths}
+	_, err := m.publish(exchange, &r, &deadLetter{src: src})
 	settleEvicted(r.evicted)
-	return r.err
-}
-
-// publishResult is what publish did: err, or wait on room and try again, or
-// dead-letter the messages that DropHead evicted.
-type publishResult struct {
-	err     error
-	room    <-chan struct{}
-	evicted []eviction
+	return err
 }
 
 type eviction struct {
@@ -133,60 +125,62 @@ type deadLetter struct {
 // user code and may call back into the MQ, so they run without the lock: the
 // message is routed, the lock released while the filters decide, and the
 // queues they kept then take it under the lock again.
-func (m *MQ) publish(name string, data any, pc *publishConfig, deaths []Death, dl *deadLetter) publishResult {
+func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struct{}, err error) {
 	internal := dl != nil
+	pc, deaths := &r.pc, r.deaths
 	m.mu.RLock()
 	if !internal && m.state >= stateStopping {
 		m.mu.RUnlock()
-		return publishResult{err: ErrStopped}
+		return nil, ErrStopped
 	}
-	ex := m.exchanges[name]
-	if ex == nil {
-		m.mu.RUnlock()
-		return publishResult{err: fmt.Errorf("%w: %q", ErrUnknownExchange, name)}
+	ex := m.lastEx.Load()
+	if ex == nil || ex.name != name {
+		// Exchanges are never removed, so the last one found stays valid.
+		if ex = m.exchanges[name]; ex == nil {
+			m.mu.RUnlock()
+			return nil, fmt.Errorf("%w: %q", ErrUnknownExchange, name)
+		}
+		m.lastEx.Store(ex)
 	}
+	r.ex = ex
 	var qbuf [8]*queue
-	var mbuf [8]*Msg
-	// A plain message needs no Msg of its own until a worker delivers it.
-	plain := pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 && deaths == nil
 	// Follow alternate exchanges; a cycle ends after every exchange was tried.
 	for cur, hops := ex, 0; cur != nil && hops <= len(m.exchanges); hops++ {
+		// dst may be the exchange's own list (fanout, direct): read-only.
 		dst := cur.route(pc.routingKey, pc.headers, qbuf[:0])
 		if internal && len(dst) > 0 && deaths[0].Reason != ReasonRejected {
-			dst = slices.DeleteFunc(dst, func(q *queue) bool { return isCycle(deaths, q.name) })
+			dst = slices.DeleteFunc(slices.Clone(dst), func(q *queue) bool { return isCycle(deaths, q.name) })
 			if len(dst) == 0 {
 				m.mu.RUnlock()
-				return publishResult{err: errDeadLetterCycle}
+				return nil, errDeadLetterCycle
 			}
 		}
-		msgs := mbuf[:0]
-		filtered := false
-		for _, q := range dst {
-			if plain && q.takesShared() {
-				msgs = append(msgs, ex.proto)
-				continue
+		var msgs []*Msg // nil: enqueue asks r for each queue's
+		if slices.ContainsFunc(dst, func(q *queue) bool { return q.cfg.filter != nil }) {
+			// The filters see the Msg that their queue will deliver, and
+			// run without the lock: dst is copied first.
+			dst = slices.Clone(dst)
+			msgs = make([]*Msg, 0, len(dst))
+			for _, q := range dst {
+				msgs = append(msgs, r.msgFor(q))
 			}
-			msgs = append(msgs, &Msg{Exchange: ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: data, Deaths: deaths})
-			filtered = filtered || q.cfg.filter != nil
-		}
-		if filtered {
 			m.mu.RUnlock()
 			n, err := runFilters(dst, msgs)
 			m.mu.RLock()
 			if err != nil {
 				m.mu.RUnlock()
-				return publishResult{err: err}
+				return nil, err
 			}
 			if !internal && m.state >= stateStopping {
 				m.mu.RUnlock()
-				return publishResult{err: ErrStopped}
+				return nil, ErrStopped
 			}
 			dst, msgs = dst[:n], msgs[:n]
 		}
 		if len(dst) > 0 {
-			r := m.enqueue(ex, dst, msgs, data, pc, deaths, dl)
+			room, err := m.enqueue(r, dst, msgs, dl)
 			m.mu.RUnlock()
-			return r
+			return room, err
 		}
 		if cur.cfg.alternate == "" {
 			break
@@ -195,7 +189,37 @@ func (m *MQ) publish(name string, data any, pc *publishConfig, deaths []Death, d
 	}
 	m.mu.RUnlock()
 	ex.unroutable.Add(1)
-	return publishResult{err: fmt.Errorf("%w: exchange %q, routing key %q", ErrNoRoute, name, pc.routingKey)}
+	return nil, fmt.Errorf("%w: exchange %q, routing key %q", ErrNoRoute, name, pc.routingKey)
+}
+
+// records hands each queue that a publish reaches the Msg it holds. A queue
+// that needs no Msg of its own until a worker delivers the message (see
+// takesShared) shares one record of it with the others: its exchange's
+// prototype for a plain message (no routing key, headers or deaths), else one
+// Msg made for this publish. A message with a TTL or a delay gets a Msg per
+// queue, which its queue stamps with its own deadline.
+type records struct {
+	ex     *exchange // the exchange published to
+	data   any
+	pc     publishConfig
+	deaths []Death
+	rec    *Msg // the record made for this publish, once a queue needs it
+
+	evicted []eviction // what DropHead evicted to make room: dead-letter them after
+}
+
+func (r *records) msgFor(q *queue) *Msg {
+	pc := &r.pc
+	if pc.ttl == 0 && pc.delay == 0 && q.takesShared() {
+		if pc.routingKey == "" && pc.headers == nil && r.deaths == nil {
+			return r.ex.proto
+		}
+		if r.rec == nil {
+			r.rec = &Msg{Exchange: r.ex.name, RoutingKey: pc.routingKey, Headers: pc.headers, Deaths: r.deaths, shared: true}
+		}
+		return r.rec
+	}
+	return &Msg{Exchange: r.ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: r.data, Deaths: r.deaths}
 }
 
 // runFilters keeps, at the front of dst and msgs, the queues whose filter (if
@@ -219,10 +243,12 @@ func runFilters(dst []*queue, msgs []*Msg) (int, error) {
 	return n, nil
 }
 
-// enqueue accepts msgs[i] into dst[i]: all or none for a publish, every queue
-// that can take it for a dead letter.
-func (m *MQ) enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, deaths []Death, dl *deadLetter) publishResult {
+// enqueue accepts the message into each of dst, as msgs[i] (or, when msgs
+// is nil, as r's Msg for dst[i]): all or none for a publish, every queue that
+// can take it for a dead letter. dst is read-only.
+func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (room <-chan struct{}, err error) {
 	internal := dl != nil
+	pc := &r.pc
 	timed := pc.delay > 0 || pc.ttl > 0
 	bounded, durable := false, false
 	for _, q := range dst {
@@ -238,16 +264,22 @@ func (m *MQ) enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publ
 		if timed {
 			now = time.Now()
 		}
-		id := ex.seq.Add(1)
-		m.reserveIDsIfLogged(ex, id)
+		id := r.ex.seq.Add(1)
+		m.reserveIDsIfLogged(r.ex, id)
 		for i, q := range dst {
-			if err := q.accept(newEntry(msgs[i], id, data), now, pc.ttl); err != nil {
-				return publishResult{err: err}
+			var msg *Msg
+			if msgs != nil {
+				msg = msgs[i]
+			} else {
+				msg = r.msgFor(q)
+			}
+			if err := q.accept(newEntry(msg, id, r.data), now, pc.ttl); err != nil {
+				return nil, err
 			}
 		}
-		return publishResult{}
+		return nil, nil
 	}
-	return m.enqueueAdmitted(ex, dst, msgs, data, pc, deaths, dl)
+	return m.enqueueAdmitted(r, dst, msgs, dl)
 }
 
 // enqueueAdmitted is enqueue where a queue may refuse the message, or where
@@ -258,55 +290,60 @@ func (m *MQ) enqueue(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publ
 // with the dead letter's source acknowledgement if any, and waits for the
 // sync; and only then do the queues take it, so that nothing a consumer can
 // see, or a Publish reports, is missing from the disk.
-func (m *MQ) enqueueAdmitted(ex *exchange, dst []*queue, msgs []*Msg, data any, pc *publishConfig, deaths []Death, dl *deadLetter) publishResult {
+func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (room <-chan struct{}, err error) {
 	internal := dl != nil
-	n := 0
+	pc, ex := &r.pc, r.ex
+	var qbuf [8]*queue
+	var mbuf [8]*Msg
+	adm, amsgs := qbuf[:0], mbuf[:0] // the queues that admitted it, and their Msgs
 	var refused error
 	for i, q := range dst {
 		room, err := q.reserve(internal)
 		if err == nil && room == nil {
-			dst[n], msgs[n] = q, msgs[i]
-			n++
+			adm = append(adm, q)
+			if msgs != nil {
+				amsgs = append(amsgs, msgs[i])
+			} else {
+				amsgs = append(amsgs, r.msgFor(q))
+			}
 			continue
 		}
 		if internal {
 			refused = err
 			continue
 		}
-		unreserve(dst[:n])
-		return publishResult{err: err, room: room}
+		unreserve(adm)
+		return room, err
 	}
-	dst, msgs = dst[:n], msgs[:n]
-	if len(dst) == 0 {
-		return publishResult{err: refused}
+	if len(adm) == 0 {
+		return nil, refused
 	}
 	id := ex.seq.Add(1)
 	now := time.Now()
-	if err := m.logMessage(ex, id, now, dst, msgs, data, pc, deaths, dl); err != nil {
+	if err := m.logMessage(ex, id, now, adm, amsgs, r.data, pc, r.deaths, dl); err != nil {
 		ex.refused.Add(1)
-		unreserve(dst)
-		return publishResult{err: err}
+		unreserve(adm)
+		return nil, err
 	}
-	var res publishResult
 	taken := 0
-	for i, q := range dst {
-		ev, err := q.acceptReserved(newEntry(msgs[i], id, data), now, pc.delay, pc.ttl)
+	for i, q := range adm {
+		ev, err := q.acceptReserved(newEntry(amsgs[i], id, r.data), now, pc.delay, pc.ttl)
 		if ev != nil {
-			res.evicted = append(res.evicted, eviction{q, ev})
+			r.evicted = append(r.evicted, eviction{q, ev})
 		}
 		if err != nil { // a Shutdown deadline aborted it since it admitted the message
 			continue
 		}
 		taken++
-		if pc.delay > 0 && !evictedSelf(res.evicted, msgs[i]) {
-			m.sched.add(now.Add(pc.delay), q, msgs[i])
+		if pc.delay > 0 && !evictedSelf(r.evicted, amsgs[i]) {
+			m.sched.add(now.Add(pc.delay), q, amsgs[i])
 		}
 	}
 	if taken == 0 { // only a dead letter can get here: publishes are refused once stopping
 		ex.refused.Add(1)
-		res.err = ErrStopped
+		return nil, ErrStopped
 	}
-	return res
+	return nil, nil
 }
 
 // logMessage writes the message to the log when some of dst are durable, and
@@ -360,9 +397,9 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 	return nil
 }
 
-// newEntry is the entry for message m, stamped with id: m is its exchange's
-// prototype (a plain message: the entry carries id and data) or the queue's
-// own Msg, which gets the id.
+// newEntry is the entry for message m, stamped with id: m is a record shared
+// by the queues (its exchange's prototype, or one made for the publish: the
+// entry carries id and data) or the queue's own Msg, which gets the id.
 func newEntry(m *Msg, id uint64, data any) entry {
 	if m.shared {
 		return entry{m: m, id: id, data: data}

@@ -24,11 +24,14 @@ const (
 // chunkSize is how many entries one chunk of a fifo holds.
 const chunkSize = 64
 
-// entry is one message waiting in a queue. Most are plain: published with no
-// routing key, headers, TTL or delay to a queue with no filter or limit. Those
-// share their exchange's prototype Msg (m.shared), and the worker allocates
-// the consumer's Msg from m, id and data, so that Publish allocates nothing
-// per queue and a queued plain message costs 32 bytes. Any other entry owns m,
+// entry is one message waiting in a queue. Most are shared: published with no
+// TTL or delay to a queue with no filter, limit or log (see takesShared).
+// Those point to a record of the message that every queue it reached shares
+// (m.shared): its exchange's prototype Msg for a plain message (no routing
+// key, headers or deaths), else one Msg made by the publish. The worker makes
+// the consumer's Msg from m, id and data (a direct consumer needs none), so
+// that Publish allocates at most one record, whatever the number of queues,
+// and a queued message costs a queue 32 bytes. Any other entry owns m,
 // complete with its ID and Data, and the worker delivers m itself.
 type entry struct {
 	m    *Msg
@@ -44,12 +47,20 @@ func (q *queue) takesShared() bool {
 	return q.cfg.filter == nil && q.cfg.ttl == 0 && q.cfg.maxLen == 0 && !q.cfg.durable
 }
 
-// msg returns the Msg to deliver for e, allocating it for a plain entry.
-func (e entry) msg(queue string) *Msg {
+// msg returns the Msg to deliver for e, allocating it for a shared entry.
+func (e *entry) msg(queue string) *Msg {
 	if !e.m.shared {
 		return e.m
 	}
-	return &Msg{ID: e.id, Exchange: e.m.Exchange, Queue: queue, Data: e.data}
+	p := e.m
+	return &Msg{ID: e.id, Exchange: p.Exchange, Queue: queue, RoutingKey: p.RoutingKey, Headers: p.Headers, Data: e.data, Deaths: p.Deaths}
+}
+
+// delivery is a shared entry as a direct consumer receives it.
+func (e *entry) delivery(queue string) Delivery[any] {
+	p := e.m
+	return Delivery[any]{ID: e.id, Exchange: p.Exchange, Queue: queue, RoutingKey: p.RoutingKey, Headers: p.Headers,
+		Data: e.data, Attempt: 1, Deaths: p.Deaths}
 }
 
 type chunk struct {
@@ -128,7 +139,7 @@ func (f *fifo) clear() {
 type queue struct {
 	id          int
 	name        string
-	consumer    ConsumerFunc
+	consumer    consumer
 	concurrency int
 	cfg         queueConfig
 	mq          *MQ
@@ -138,6 +149,7 @@ type queue struct {
 	buf       fifo
 	workers   []*worker     // one per worker slot, for stealing and counting
 	idle      int           // workers parked in cond.Wait and not yet signalled
+	waking    int           // workers signalled that have not taken the lock since (see wakeOneLocked)
 	busy      int           // workers holding a batch
 	scheduled int           // messages waiting in the scheduler for a delay or a retry
 	stopping  bool          // the MQ is stopping: report when quiescent
@@ -176,8 +188,8 @@ type worker struct {
 	calls int          // consumer calls, for sampling their duration
 }
 
-func newQueue(id int, name string, consumer ConsumerFunc, concurrency int, cfg queueConfig, mq *MQ) *queue {
-	q := &queue{id: id, name: name, consumer: consumer, concurrency: concurrency, mq: mq, cfg: cfg}
+func newQueue(id int, name string, c consumer, concurrency int, cfg queueConfig, mq *MQ) *queue {
+	q := &queue{id: id, name: name, consumer: c, concurrency: concurrency, mq: mq, cfg: cfg}
 	if q.cfg.retry.MaxAttempts == 0 {
 		q.cfg.retry.MaxAttempts = 1
 	}
@@ -222,7 +234,12 @@ func (q *queue) accept(e entry, now time.Time, ttl time.Duration) error {
 		return ErrStopped
 	}
 	_, wake := q.enqueueLocked(e, now, 0, ttl)
-	expiry := q.armExpiryLocked()
+	var expiry int64
+	if e.expiresAt() != 0 {
+		// Only a message with a deadline may need a check: any other head
+		// was armed when it became the head.
+		expiry = q.armExpiryLocked()
+	}
 	q.mu.Unlock()
 	q.wakeAfter(wake, expiry)
 	return nil
@@ -296,7 +313,8 @@ func (q *queue) wakeAfter(wake bool, expiry int64) {
 func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) (evicted *Msg, wake bool) {
 	if q.fullLocked() { // DropHead
 		if q.buf.n > 0 {
-			evicted = q.popLocked().msg(q.name)
+			h := q.popLocked()
+			evicted = h.msg(q.name)
 		} else {
 			// Every message waits in the scheduler: the newcomer is the one to go.
 			q.accepted++
@@ -316,11 +334,22 @@ func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) 
 		return evicted, false
 	}
 	q.buf.push(e)
-	wake = q.idle > 0
-	if wake {
-		q.idle--
+	return evicted, q.wakeOneLocked()
+}
+
+// wakeOneLocked reports whether a parked worker should be woken for the
+// entries in buf, and counts it as waking. One wake at a time: a woken
+// worker that takes a batch and leaves entries behind wakes the next (see
+// take), so a backlog still reaches every worker, while a trivial consumer's
+// worker, back for more before another could wake, does not drag the others
+// through a park and a wake for each message. q.mu is held.
+func (q *queue) wakeOneLocked() bool {
+	if q.idle == 0 || q.waking > 0 || q.buf.n == 0 {
+		return false
 	}
-	return evicted, wake
+	q.idle--
+	q.waking++
+	return true
 }
 
 // popLocked takes the head of buf for something other than a worker (an
@@ -416,10 +445,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 		if q.buf.n > 0 {
 			e := q.refillLocked(w)
 			q.freeRoomLocked()
-			wake := q.buf.n > 0 && q.idle > 0
-			if wake {
-				q.idle--
-			}
+			wake := q.wakeOneLocked()
 			expiry := q.armExpiryLocked()
 			q.mu.Unlock()
 			q.wakeAfter(wake, expiry)
@@ -437,6 +463,9 @@ func (q *queue) take(w *worker) (entry, bool) {
 		}
 		q.idle++
 		q.cond.Wait()
+		if q.waking > 0 {
+			q.waking--
+		}
 	}
 }
 
@@ -553,10 +582,7 @@ func (q *queue) release(m *Msg) {
 	}
 	q.scheduled--
 	q.buf.push(entry{m: m})
-	wake := q.idle > 0
-	if wake {
-		q.idle--
-	}
+	wake := q.wakeOneLocked()
 	expiry := q.armExpiryLocked()
 	q.mu.Unlock()
 	q.wakeAfter(wake, expiry)
@@ -577,7 +603,8 @@ func (q *queue) schedule(m *Msg, backoff time.Duration) (evicted, overflow *Msg,
 			q.mu.Unlock()
 			return nil, m, false
 		}
-		evicted = q.popLocked().msg(q.name)
+		h := q.popLocked()
+		evicted = h.msg(q.name)
 	}
 	q.scheduled++
 	q.entered++
@@ -599,7 +626,7 @@ func (q *queue) stop() {
 func (q *queue) close() {
 	q.mu.Lock()
 	q.closed = true
-	q.idle = 0
+	q.idle, q.waking = 0, 0
 	q.mu.Unlock()
 	q.cond.Broadcast()
 }
@@ -620,7 +647,7 @@ func (q *queue) abort() (undelivered, running uint64) {
 	q.aborted, q.closed = true, true
 	q.buf.clear()
 	q.scheduled = 0
-	q.idle = 0
+	q.idle, q.waking = 0, 0
 	q.freeRoomLocked()
 	undelivered = q.entered - begun
 	q.abortLost = undelivered

@@ -93,7 +93,7 @@ func TestQueueGivesMemoryBackAfterDraining(t *testing.T) {
 }
 
 func TestBatchIsAFairShare(t *testing.T) {
-	q := newQueue(0, "q", nil, 4, queueConfig{}, New())
+	q := newQueue(0, "q", consumer{}, 4, queueConfig{}, New())
 	for i := range 400 {
 		q.buf.push(entry{m: &Msg{ID: uint64(i)}})
 	}
@@ -114,7 +114,7 @@ func TestBatchIsAFairShare(t *testing.T) {
 }
 
 func TestBatchStopsBeforeAMessageWithADeadline(t *testing.T) {
-	q := newQueue(0, "q", nil, 1, queueConfig{}, New())
+	q := newQueue(0, "q", consumer{}, 1, queueConfig{}, New())
 	for i := range 10 {
 		m := &Msg{ID: uint64(i)}
 		if i == 3 || i == 4 {
@@ -133,7 +133,7 @@ func TestBatchStopsBeforeAMessageWithADeadline(t *testing.T) {
 }
 
 func TestIdleWorkerStealsFromABatch(t *testing.T) {
-	q := newQueue(0, "q", nil, 2, queueConfig{}, New())
+	q := newQueue(0, "q", consumer{}, 2, queueConfig{}, New())
 	for i := range 8 {
 		q.buf.push(entry{m: &Msg{ID: uint64(i)}})
 	}
@@ -163,4 +163,38 @@ func TestIdleWorkerStealsFromABatch(t *testing.T) {
 // A Msg is allocated per delivery: it stays in the 128-byte size class.
 func TestMsgStays128Bytes(t *testing.T) {
 	assert.Equal(t, uintptr(128), unsafe.Sizeof(Msg{}))
+}
+
+// A publish to several queues shares one record of the message: its
+// allocations do not grow with the number of queues it reaches, for a plain
+// message (the exchange's prototype) or one with a routing key and headers
+// (one record per publish).
+func TestPublishAllocationsDoNotGrowWithQueues(t *testing.T) {
+	nop := func(context.Context, *Msg) error { return nil }
+	payload := new(int) // a pointer: boxing it into Data allocates nothing
+	headers := map[string]any{"k": "v"}
+	allocs := func(queues int, opts ...PublishOption) float64 {
+		m := New()
+		for range queues {
+			if len(opts) == 0 {
+				require.NoError(t, m.RegisterQueue("ev", Fanout, nop, 1))
+			} else {
+				require.NoError(t, m.RegisterQueue("ev", Topic, nop, 1, WithBindingKey("user.#")))
+			}
+		}
+		defer m.Stop() // never started: the messages wait, so their chunks count too
+		return testing.AllocsPerRun(2000, func() {
+			if err := m.Publish("ev", payload, opts...); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	keyed := []PublishOption{WithRoutingKey("user.created"), WithHeaders(headers)}
+	assert.Equal(t, 1.0, allocs(1, keyed...), "a keyed publish to one queue: its record")
+	assert.Equal(t, 1.0, allocs(8, keyed...), "a keyed publish to 8 queues: its record")
+	// Past 8 queues (the list kept on the stack), a topic publish allocates
+	// its list of queues too, once.
+	assert.Equal(t, 2.0, allocs(16, keyed...), "a keyed publish to 16 queues")
+	assert.Equal(t, 2.0, allocs(64, keyed...), "a keyed publish to 64 queues")
+	assert.Equal(t, 0.0, allocs(64), "a plain fanout publish to 64 queues")
 }
