@@ -65,14 +65,16 @@ func BenchmarkPingPong(b *testing.B) {
 }
 
 func BenchmarkMemoryQueued(b *testing.B) {
-	for _, sys := range Systems() {
-		b.Run(sys.Name, func(b *testing.B) {
-			m, err := MemoryQueued(sys, max(b.N, 1000))
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(m.BytesPerMsg, "B/queued-msg")
-		})
+	for _, subs := range []int{1, 4} {
+		for _, sys := range Systems() {
+			b.Run(fmt.Sprintf("subs=%d/%s", subs, sys.Name), func(b *testing.B) {
+				m, err := MemoryQueued(sys, max(b.N, 1000), subs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(m.BytesPerMsg, "B/queued-msg")
+			})
+		}
 	}
 }
 
@@ -100,7 +102,7 @@ func TestWorkloadsReportLostMessages(t *testing.T) {
 	if _, err := Throughput(lossy(), 1, 1, 100); err == nil {
 		t.Error("Throughput did not notice lost messages")
 	}
-	if _, err := MemoryQueued(lossy(), 100); err == nil {
+	if _, err := MemoryQueued(lossy(), 100, 1); err == nil {
 		t.Error("MemoryQueued did not notice lost messages")
 	}
 	if _, err := Latency(lossy(), 1000, 50*time.Millisecond); err == nil {
@@ -120,6 +122,9 @@ func TestEverySystemDeliversEverything(t *testing.T) {
 				}
 			}
 			if _, err := PingPong(sys, 50); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := MemoryQueued(sys, 200, 4); err != nil {
 				t.Fatal(err)
 			}
 		})

@@ -57,7 +57,8 @@ type System struct {
 func Systems() []System {
 	return []System{
 		{Name: "chan", Note: "floor: buffered channels of []byte; Publish blocks when a buffer is full", Fanout: chanFanout, Topic: chanTopic},
-		{Name: "tinymq", Note: "unbounded queues: never blocks, never drops", Fanout: tinymqFanout, Topic: tinymqTopic},
+		{Name: "tinymq", Note: "unbounded queues: never blocks, never drops", Fanout: tinymqFanout(registerMsg), Topic: tinymqTopic(registerMsg)},
+		{Name: "tinymq-handler", Note: "RegisterHandler: deliveries allocate no Msg", Fanout: tinymqFanout(registerHandler), Topic: tinymqTopic(registerHandler)},
 		{Name: "watermill", Note: "GoChannel, OutputChannelBuffer 1024: two goroutines per message until acked", Fanout: watermillFanout},
 		{Name: "eventbus", Note: "SubscribeAsync, not transactional: one goroutine per message and subscriber, handlers run concurrently and out of order (transactional mode makes Publish wait for the previous handler call)", Fanout: eventbusFanout},
 		{Name: "nats", Note: "core NATS on 127.0.0.1, pending limits lifted (by default a slow subscriber drops past 64k messages)", Fanout: natsFanout, Topic: natsTopic},
@@ -135,18 +136,49 @@ func (p *chanTopicPipeline) PublishKey(key string, b []byte) error {
 
 type tinymqPipeline struct{ m *tinymq.MQ }
 
-func tinymqFanout(subs, _ int, h Handler) (Pipeline, error) {
-	m := tinymq.New()
-	for i := range subs {
-		err := m.RegisterQueue("bench", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
-			h(i, msg.Data.([]byte))
-			return nil
-		}, 1)
-		if err != nil {
-			return nil, err
+// tinymqRegister registers subscriber i's queue on the exchange "bench" with
+// one worker; the "tinymq" and "tinymq-handler" systems differ only in it.
+type tinymqRegister func(m *tinymq.MQ, kind tinymq.ExchangeType, i int, h Handler, opts ...tinymq.QueueOption) error
+
+// registerMsg consumes with a ConsumerFunc, which gets a new *Msg per delivery.
+func registerMsg(m *tinymq.MQ, kind tinymq.ExchangeType, i int, h Handler, opts ...tinymq.QueueOption) error {
+	return m.RegisterQueue("bench", kind, func(_ context.Context, msg *tinymq.Msg) error {
+		h(i, msg.Data.([]byte))
+		return nil
+	}, 1, opts...)
+}
+
+// registerHandler consumes with RegisterHandler[[]byte], which allocates no
+// Msg per delivery.
+func registerHandler(m *tinymq.MQ, kind tinymq.ExchangeType, i int, h Handler, opts ...tinymq.QueueOption) error {
+	return tinymq.RegisterHandler(m, "bench", kind, func(_ context.Context, b []byte) error {
+		h(i, b)
+		return nil
+	}, 1, opts...)
+}
+
+func tinymqFanout(register tinymqRegister) func(subs, buffer int, h Handler) (Pipeline, error) {
+	return func(subs, _ int, h Handler) (Pipeline, error) {
+		m := tinymq.New()
+		for i := range subs {
+			if err := register(m, tinymq.Fanout, i, h); err != nil {
+				return nil, err
+			}
 		}
+		return tinymqPipeline{m}, m.Start(context.Background())
 	}
-	return tinymqPipeline{m}, m.Start(context.Background())
+}
+
+func tinymqTopic(register tinymqRegister) func(bindings int, h Handler) (KeyedPipeline, error) {
+	return func(bindings int, h Handler) (KeyedPipeline, error) {
+		m := tinymq.New()
+		for i := range bindings {
+			if err := register(m, tinymq.Topic, i, h, tinymq.WithBindingKey("device."+strconv.Itoa(i)+".*")); err != nil {
+				return nil, err
+			}
+		}
+		return tinymqPipeline{m}, m.Start(context.Background())
+	}
 }
 
 func (p tinymqPipeline) Publish(b []byte) error { return p.m.Publish("bench", b) }
@@ -156,20 +188,6 @@ func (p tinymqPipeline) PublishKey(key string, b []byte) error {
 }
 
 func (p tinymqPipeline) Close() { p.m.Stop() }
-
-func tinymqTopic(bindings int, h Handler) (KeyedPipeline, error) {
-	m := tinymq.New()
-	for i := range bindings {
-		err := m.RegisterQueue("bench", tinymq.Topic, func(_ context.Context, msg *tinymq.Msg) error {
-			h(i, msg.Data.([]byte))
-			return nil
-		}, 1, tinymq.WithBindingKey("device."+strconv.Itoa(i)+".*"))
-		if err != nil {
-			return nil, err
-		}
-	}
-	return tinymqPipeline{m}, m.Start(context.Background())
-}
 
 // --- watermill GoChannel ----------------------------------------------------
 

@@ -211,17 +211,19 @@ type Memory struct {
 	Publish        time.Duration // time to publish them all
 }
 
-// MemoryQueued publishes n messages of 100 bytes (each its own buffer) to one
-// subscriber that is stalled until all are published, then lets it drain.
-func MemoryQueued(sys System, n int) (Memory, error) {
+// MemoryQueued publishes n messages of 100 bytes (each its own buffer,
+// published once and shared by the subscribers) to subs fanout subscribers
+// that are stalled until all are published, then lets them drain. The figures
+// per message are per published message, whatever subs is.
+func MemoryQueued(sys System, n, subs int) (Memory, error) {
 	gate := make(chan struct{})
-	w := newWaiter(n)
+	w := newWaiter(n * subs)
 	runtime.GC()
 	debug.FreeOSMemory()
 	before := heapAlloc()
 	resetPeakRSS()
 	rss0 := procStatus("VmRSS")
-	p, err := sys.Fanout(1, n, func(int, []byte) {
+	p, err := sys.Fanout(subs, n, func(int, []byte) {
 		<-gate
 		w.add()
 	})

@@ -1,9 +1,11 @@
 // Command peerbench runs the same workloads against TinyMQ, plain channels and
 // the in-process peers, interleaved round by round so that a noisy machine
 // affects all alike, and prints one Markdown table of medians with each
-// system's ratio to the plain channel.
+// system's ratio to the plain channel. By default the throughput rows are
+// medians of 5 rounds, the latency and ping-pong rows of 9, the memory rows
+// of 2.
 //
-//	cd benchmarks && go run ./cmd/peerbench            # the full run, a few minutes
+//	cd benchmarks && go run ./cmd/peerbench            # the full run, about 8 minutes
 //	cd benchmarks && go run ./cmd/peerbench -quick     # seconds: checks that it works
 package main
 
@@ -14,6 +16,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,11 +49,13 @@ type workload struct {
 func main() {
 	var (
 		n         = flag.Int("n", 200_000, "messages per throughput run")
-		rounds    = flag.Int("rounds", 5, "interleaved rounds of the throughput and latency workloads")
-		memN      = flag.Int("mem-n", 1_000_000, "messages queued in the memory workload")
-		memRounds = flag.Int("mem-rounds", 2, "rounds of the memory workload")
+		rounds    = flag.Int("rounds", 5, "interleaved rounds of the throughput and topic workloads")
+		latRounds = flag.Int("latency-rounds", 9, "interleaved rounds of the latency and ping-pong workloads")
+		memN      = flag.Int("mem-n", 1_000_000, "messages queued in the memory workload with 1 subscriber")
+		memFanN   = flag.Int("mem-fanout-n", 250_000, "messages queued in the memory workload with 4 fanout subscribers")
+		memRounds = flag.Int("mem-rounds", 2, "rounds of the memory workloads")
 		rate      = flag.Int("rate", 20_000, "messages per second in the latency workload")
-		latDur    = flag.Duration("latency-duration", 2*time.Second, "length of one latency run")
+		latDur    = flag.Duration("latency-duration", time.Second, "length of one latency run")
 		pings     = flag.Int("pingpongs", 20_000, "round trips per ping-pong run")
 		bindings  = flag.Int("bindings", 10_000, "bindings in the large topic workload")
 		only      = flag.String("systems", "", "comma-separated systems to run (default all)")
@@ -58,7 +63,8 @@ func main() {
 	)
 	flag.Parse()
 	if *quick {
-		*n, *rounds, *memN, *memRounds, *latDur, *pings, *bindings = 2000, 1, 20_000, 1, 100*time.Millisecond, 200, 1000
+		*n, *rounds, *latRounds, *memN, *memFanN, *memRounds = 2000, 1, 1, 20_000, 5000, 1
+		*latDur, *pings, *bindings = 100*time.Millisecond, 200, 1000
 		benchmarks.Timeout = 30 * time.Second
 	}
 
@@ -86,28 +92,37 @@ func main() {
 	latRows := func(what string) []row {
 		return []row{{what + " p50", cost, "µs", 1e3}, {what + " p99", cost, "µs", 1e3}, {what + " p99.9", cost, "µs", 1e3}}
 	}
+	memory := func(n, subs int) workload {
+		subsLabel := fmt.Sprintf("%d sub", subs)
+		if subs != 1 {
+			subsLabel += "s"
+		}
+		what := fmt.Sprintf("%s queued, %s", thousands(n), subsLabel)
+		return workload{name: "memory, " + subsLabel, rounds: *memRounds, rows: []row{
+			{what + ": heap per msg", cost, "B", 1},
+			{"  peak RSS growth", cost, "MiB", 1 << 20},
+			{"  heap kept per msg after draining", info, "B", 1},
+			{"  heap after draining / before", info, "x", 1},
+			{"  time to publish them all", info, "ms", 1e6},
+		}, run: func(s benchmarks.System) ([]float64, error) {
+			m, err := benchmarks.MemoryQueued(s, n, subs)
+			return []float64{m.BytesPerMsg, float64(m.PeakRSS), m.RetainedPerMsg, m.HeapRatio, ns(m.Publish)}, err
+		}}
+	}
 	workloads := []workload{
 		{name: "1 publisher -> 1 consumer", rows: []row{{"1 pub -> 1 sub", throughput, "ns/msg", 1}}, rounds: *rounds, run: thr(1, 1)},
 		{name: "1 publisher -> 4 fanout queues", rows: []row{{"1 pub -> 4 fanout subs", throughput, "ns/msg", 1}}, rounds: *rounds, run: thr(4, 1)},
 		{name: "4 parallel publishers", rows: []row{{"4 pubs -> 1 sub", throughput, "ns/msg", 1}}, rounds: *rounds, run: thr(1, 4)},
 		{name: "topic, 10 bindings", rows: []row{{"topic, 10 bindings", throughput, "ns/msg", 1}}, rounds: *rounds, topic: true, run: topic(10)},
 		{name: "topic, many bindings", rows: []row{{fmt.Sprintf("topic, %d bindings", *bindings), throughput, "ns/msg", 1}}, rounds: *rounds, topic: true, run: topic(*bindings)},
-		{name: "latency", rows: latRows(fmt.Sprintf("latency @%dk/s", *rate/1000)), rounds: *rounds, run: func(s benchmarks.System) ([]float64, error) {
+		{name: "latency", rows: latRows(fmt.Sprintf("latency @%dk/s", *rate/1000)), rounds: *latRounds, run: func(s benchmarks.System) ([]float64, error) {
 			return lat(benchmarks.Latency(s, *rate, *latDur))
 		}},
-		{name: "ping-pong", rows: latRows("ping-pong"), rounds: *rounds, run: func(s benchmarks.System) ([]float64, error) {
+		{name: "ping-pong", rows: latRows("ping-pong"), rounds: *latRounds, run: func(s benchmarks.System) ([]float64, error) {
 			return lat(benchmarks.PingPong(s, *pings))
 		}},
-		{name: "memory", rounds: *memRounds, rows: []row{
-			{fmt.Sprintf("%d queued: heap per msg", *memN), cost, "B", 1},
-			{"  peak RSS growth", cost, "MiB", 1 << 20},
-			{"  heap kept per msg after draining", info, "B", 1},
-			{"  heap after draining / before", info, "x", 1},
-			{"  time to publish them all", info, "ms", 1e6},
-		}, run: func(s benchmarks.System) ([]float64, error) {
-			m, err := benchmarks.MemoryQueued(s, *memN)
-			return []float64{m.BytesPerMsg, float64(m.PeakRSS), m.RetainedPerMsg, m.HeapRatio, ns(m.Publish)}, err
-		}},
+		memory(*memN, 1),
+		memory(*memFanN, 4),
 	}
 
 	// values[workload][row][system] holds one value per round.
@@ -119,7 +134,7 @@ func main() {
 			values[wi][ri] = map[string][]float64{}
 		}
 	}
-	maxRounds := max(*rounds, *memRounds)
+	maxRounds := max(*rounds, *latRounds, *memRounds)
 	for round := range maxRounds {
 		for wi, w := range workloads {
 			if round >= w.rounds {
@@ -145,7 +160,27 @@ func main() {
 			}
 		}
 	}
-	printTable(workloads, values, systems, failures)
+	summary := fmt.Sprintf("Interleaved rounds, medians reported: throughput and topic %d, latency and ping-pong %d, memory %d; one latency run: %v at %d msgs/s.",
+		*rounds, *latRounds, *memRounds, *latDur, *rate)
+	printTable(summary, workloads, values, systems, failures)
+}
+
+// thousands formats n with commas: 1,000,000.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	start := len(s) % 3
+	if n < 0 {
+		start = (len(s) - 1) % 3
+		start++
+	}
+	out := s[:start]
+	for i := start; i < len(s); i += 3 {
+		if out != "" && out != "-" {
+			out += ","
+		}
+		out += s[i : i+3]
+	}
+	return out
 }
 
 func median(v []float64) float64 {
@@ -157,10 +192,10 @@ func median(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func printTable(workloads []workload, values [][]map[string][]float64, systems []benchmarks.System, failures map[string]string) {
+func printTable(summary string, workloads []workload, values [][]map[string][]float64, systems []benchmarks.System, failures map[string]string) {
 	fmt.Printf("Machine: %s, %d cores, GOMAXPROCS %d, %s, %s\n", cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0),
 		runtime.Version(), time.Now().UTC().Format("2006-01-02"))
-	fmt.Printf("Command: %s\n\n", strings.Join(os.Args, " "))
+	fmt.Printf("Command: %s\n%s\n\n", strings.Join(os.Args, " "), summary)
 	fmt.Print("| workload | unit |")
 	for _, s := range systems {
 		fmt.Printf(" %s |", s.Name)
