@@ -38,6 +38,15 @@
 // failure is logged (see [WithLogger]) and the worker goes on. With concurrency
 // 1 a queue delivers in publish order.
 //
+// # Consumer forms
+//
+// A [ConsumerFunc] gets a *[Msg] of its own for each delivery, which it may
+// keep and modify: one 128-byte allocation per delivery. [Handler] adapts a
+// function of the payload type into one. [RegisterHandler] registers a
+// function of the payload type directly, and [RegisterDeliveryHandler] one
+// that also needs the metadata, received as a [Delivery] value: neither
+// allocates anything to deliver a message whose Data is already of that type.
+//
 // # User code
 //
 // Consumers, filters, loggers and codecs are called as untrusted code: a

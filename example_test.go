@@ -224,3 +224,42 @@ func ExampleWithDelay() {
 	// Output:
 	// renew your plan after at least 20ms: true
 }
+
+// RegisterHandler consumes payloads of one type without allocating a Msg for
+// each delivery.
+func ExampleRegisterHandler() {
+	m := tinymq.New()
+	var mu sync.Mutex
+	var sent []string
+	err := tinymq.RegisterHandler(m, "user.created", tinymq.Fanout, func(ctx context.Context, u *UserCreated) error {
+		mu.Lock()
+		defer mu.Unlock()
+		sent = append(sent, u.Email)
+		return nil
+	}, 1)
+	if err != nil {
+		panic(err)
+	}
+	_ = m.Start(context.Background())
+	_ = m.Publish("user.created", &UserCreated{ID: 1, Email: "ada@example.com"})
+	_ = m.Publish("user.created", &UserCreated{ID: 2, Email: "alan@example.com"})
+	m.Stop()
+	fmt.Println(sent)
+	// Output: [ada@example.com alan@example.com]
+}
+
+// RegisterDeliveryHandler hands the consumer the metadata too, by value.
+func ExampleRegisterDeliveryHandler() {
+	m := tinymq.New()
+	err := tinymq.RegisterDeliveryHandler(m, "events", tinymq.Topic, func(ctx context.Context, d tinymq.Delivery[string]) error {
+		fmt.Printf("message %d, key %s, attempt %d: %s\n", d.ID, d.RoutingKey, d.Attempt, d.Data)
+		return nil
+	}, 1, tinymq.WithBindingKey("user.*"))
+	if err != nil {
+		panic(err)
+	}
+	_ = m.Start(context.Background())
+	_ = m.Publish("events", "ada signed up", tinymq.WithRoutingKey("user.created"))
+	m.Stop()
+	// Output: message 1, key user.created, attempt 1: ada signed up
+}
