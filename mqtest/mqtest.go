@@ -91,6 +91,7 @@ func Run(t *testing.T, newMQ func(t *testing.T) *tinymq.MQ, caps Capabilities) {
 		{"AlternateExchangeTakesUnroutable", s.alternate},
 		{"BindAddsAnotherExchange", s.bind},
 		{"HandlerDecodesTypedPayloads", s.handler},
+		{"RegisterHandlerForms", s.handlerForms},
 		{"IDsAreStamped", s.ids},
 		{"ConcurrencyRunsWorkersSideBySide", s.concurrency},
 		{"RetriesThenDeadLetters", s.retries},
@@ -479,6 +480,51 @@ func (s *suite) handler(t *testing.T) {
 	}
 	equal(t, d.Deaths[0].Attempts, 1, "a payload of the wrong type is permanent: attempts")
 	equal(t, d.Deaths[0].Reason, tinymq.ReasonRejected, "death reason")
+}
+
+// handlerForms checks RegisterHandler and RegisterDeliveryHandler: the
+// payload typed, the metadata of a Delivery, and a retry's attempt.
+func (s *suite) handlerForms(t *testing.T) {
+	n := names(t)
+	m := s.mq(t)
+	ex := n("forms")
+	got := make(chan event, 4)
+	must(t, tinymq.RegisterHandler(m, ex, tinymq.Topic, func(_ context.Context, ev event) error {
+		got <- ev
+		return nil
+	}, 1, tinymq.WithQueueName(n("plain")), tinymq.WithBindingKey("user.*")), "RegisterHandler")
+	deliveries := make(chan tinymq.Delivery[event], 4)
+	must(t, tinymq.RegisterDeliveryHandler(m, ex, tinymq.Topic, func(_ context.Context, d tinymq.Delivery[event]) error {
+		deliveries <- d
+		if d.Attempt == 1 {
+			return errors.New("first attempt fails")
+		}
+		return nil
+	}, 1, tinymq.WithQueueName(n("meta")), tinymq.WithBindingKey("user.#"),
+		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})), "RegisterDeliveryHandler")
+	start(t, m)
+	publish(t, m, ex, event{Kind: "created", N: 1}, tinymq.WithRoutingKey("user.created"))
+	select {
+	case ev := <-got:
+		equal(t, ev, event{Kind: "created", N: 1}, "RegisterHandler payload")
+	case <-time.After(timeout):
+		t.Fatal("the RegisterHandler consumer got nothing")
+	}
+	for attempt := 1; attempt <= 2; attempt++ {
+		select {
+		case d := <-deliveries:
+			equal(t, d.Data, event{Kind: "created", N: 1}, "Delivery.Data")
+			equal(t, d.Attempt, attempt, "Delivery.Attempt")
+			equal(t, d.RoutingKey, "user.created", "Delivery.RoutingKey")
+			equal(t, d.Exchange, ex, "Delivery.Exchange")
+			equal(t, d.Queue, n("meta"), "Delivery.Queue")
+			if d.ID == 0 {
+				t.Fatal("Delivery.ID is 0")
+			}
+		case <-time.After(timeout):
+			t.Fatalf("the RegisterDeliveryHandler consumer got no attempt %d", attempt)
+		}
+	}
 }
 
 func (s *suite) ids(t *testing.T) {
