@@ -8,9 +8,12 @@ import (
 // Msg is one message as a consumer receives it.
 //
 // Every queue that a message is routed to gets its own Msg, so a consumer may
-// keep or modify the fields of the Msg it was given; a retry delivers a copy of
-// it as the consumer left it. Data, Headers and Deaths are not copied: all
-// copies share them, so treat them as read-only after Publish.
+// modify the fields of the Msg it was given while it runs, and keep the Msg
+// afterwards; a retry delivers a copy of it as the consumer left it. Once the
+// consumer has returned, TinyMQ may still read the Msg (to retry, dead-letter
+// or log it), so a kept Msg must not be modified after that. Data, Headers and
+// Deaths are not copied: all copies share them, so treat them as read-only
+// after Publish.
 type Msg struct {
 	// ID is the sequence number the exchange stamped on the message when Publish
 	// accepted it: 1 for the first message of an exchange, and the same in every
