@@ -73,7 +73,7 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry) {
 		}
 		m.Attempt++
 	}
-	q.c.delivered.Add(1)
+	w.delivered.Add(1)
 	timed := w.calls%sampleEvery == 0
 	w.calls++
 	var start time.Time
@@ -84,11 +84,16 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry) {
 	if timed {
 		q.hist.observe(time.Since(start))
 	}
-	if m == nil {
-		if err == nil {
-			q.c.succeeded.Add(1)
-			return
+	if err == nil {
+		if m != nil {
+			if k := m.dkey(); k != "" {
+				q.mq.dur.ack(q.name, k, nil) // before the count, which tests wait for
+			}
 		}
+		w.succeeded.Add(1)
+		return
+	}
+	if m == nil {
 		m = e.firstMsg(q.name)
 	}
 	q.settle(m, err)
@@ -148,16 +153,9 @@ func isNil(err error) bool {
 	return false
 }
 
-// settle counts what the consumer made of m and decides what follows:
-// nothing (success), a retry, or a dead letter.
+// settle counts a failed delivery of m (err is not nil; deliver counts the
+// successes) and decides what follows: a retry, or a dead letter.
 func (q *queue) settle(m *Msg, err error) {
-	if err == nil {
-		if k := m.dkey(); k != "" {
-			q.mq.dur.ack(q.name, k, nil) // before the count, which tests wait for
-		}
-		q.c.succeeded.Add(1)
-		return
-	}
 	q.c.failed.Add(1)
 	m.ext().lastErr = err
 	if q.leftOnDisk(m, err) {

@@ -89,6 +89,10 @@ type exchange struct {
 	durable  atomic.Bool   // a durable queue is bound: publishes encode Data first
 
 	proto *Msg // what plain entries share (see entry)
+	// plain: a fanout exchange whose every queue takes shared entries, so
+	// that a publish with no options is one plain entry for each (see
+	// MQ.publishPlain). Set by bind.
+	plain bool
 }
 
 func newExchange(name string, kind ExchangeType, cfg exchangeConfig) *exchange {
@@ -165,6 +169,7 @@ func (e *exchange) bind(q *queue, b binding, hbs []headersBinding) {
 		if !slices.Contains(e.all, q) {
 			e.all = append(slices.Clip(e.all), q)
 		}
+		e.plain = len(e.all) > 0 && !slices.ContainsFunc(e.all, func(q *queue) bool { return !q.takesShared() })
 	case Direct:
 		for _, k := range b.keys {
 			if qs := e.direct[k]; !slices.Contains(qs, q) {

@@ -171,9 +171,9 @@ type queue struct {
 }
 
 type queueCounters struct {
-	delivered, succeeded, failed, retried atomic.Uint64
-	deadLettered, expired, overflowed     atomic.Uint64
-	rejected, dropped, undelivered        atomic.Uint64
+	failed, retried                   atomic.Uint64
+	deadLettered, expired, overflowed atomic.Uint64
+	rejected, dropped, undelivered    atomic.Uint64
 }
 
 // worker is one worker slot of a queue: its batch and its claim cursor. A
@@ -186,6 +186,12 @@ type worker struct {
 	next  atomic.Int32 // next unclaimed index: owner claims without q.mu, thieves under it
 	held  bool         // the owner counts in q.busy
 	calls int          // consumer calls, for sampling their duration
+
+	// What this worker handed to the consumer, and what succeeded: counted
+	// here rather than in q.c so that the workers of one queue do not fight
+	// over one cache line for every message (Stats adds them up).
+	delivered, succeeded atomic.Uint64
+	_                    [64]byte // nor share a line with the next worker
 }
 
 func newQueue(id int, name string, c consumer, concurrency int, cfg queueConfig, mq *MQ) *queue {
@@ -243,6 +249,25 @@ func (q *queue) accept(e entry, now time.Time, ttl time.Duration) error {
 	q.mu.Unlock()
 	q.wakeAfter(wake, expiry)
 	return nil
+}
+
+// acceptPlain is accept for a plain entry (see exchange.plain): no limit,
+// TTL or delay to apply. It reports false when the queue is closed.
+func (q *queue) acceptPlain(e entry) bool {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return false
+	}
+	q.accepted++
+	q.entered++
+	q.buf.push(e)
+	wake := q.wakeOneLocked()
+	q.mu.Unlock()
+	if wake {
+		q.cond.Signal()
+	}
+	return true
 }
 
 // reserve admits one more message into q and holds room for it until
@@ -660,11 +685,29 @@ func (q *queue) abort() (undelivered, running uint64) {
 
 // inFlight is how many messages are in the consumer now.
 func (q *queue) inFlight() uint64 {
-	done := q.c.succeeded.Load() + q.c.failed.Load()
-	if d := q.c.delivered.Load(); d > done {
+	done := q.succeeded() + q.c.failed.Load()
+	if d := q.delivered(); d > done {
 		return d - done
 	}
 	return 0
+}
+
+// delivered is how many messages the workers handed to the consumer.
+func (q *queue) delivered() uint64 {
+	var n uint64
+	for _, w := range q.workers {
+		n += w.delivered.Load()
+	}
+	return n
+}
+
+// succeeded is how many deliveries succeeded.
+func (q *queue) succeeded() uint64 {
+	var n uint64
+	for _, w := range q.workers {
+		n += w.succeeded.Load()
+	}
+	return n
 }
 
 // begin counts an entry as taken to be handled; false once aborted. After

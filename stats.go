@@ -125,7 +125,8 @@ func (q *queue) stats() QueueStats {
 	qs.Durable = q.cfg.durable
 	qs.InFlight = int(q.inFlight())
 	c := &q.c
-	qs.Delivered, qs.Succeeded, qs.Failed = c.delivered.Load(), c.succeeded.Load(), c.failed.Load()
+	qs.Succeeded, qs.Failed = q.succeeded(), c.failed.Load()
+	qs.Delivered = q.delivered()
 	qs.Retried, qs.DeadLettered, qs.Expired = c.retried.Load(), c.deadLettered.Load(), c.expired.Load()
 	qs.Overflowed, qs.Rejected, qs.Dropped = c.overflowed.Load(), c.rejected.Load(), c.dropped.Load()
 	qs.Undelivered = c.undelivered.Load()
