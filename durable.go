@@ -226,10 +226,23 @@ func cmpInt64(a, b int64) int {
 
 // reserveIDs makes sure that IDs up to id of ex are recorded as used before
 // any of them is handed out, so that IDs stay unique across restarts. It
-// blocks for one log commit per idBlock IDs.
+// reserves idBlock IDs at a time, and the next block once half of the current
+// one is used, by one publisher while the others go on; a publisher blocks
+// for the commit only when the IDs run out before that reservation is done.
 func (m *MQ) reserveIDs(ex *exchange, id uint64) error {
 	d := m.dur
-	if d == nil || id <= ex.reserved.Load() {
+	if d == nil {
+		return nil
+	}
+	if r := ex.reserved.Load(); id <= r {
+		if r-id < idBlock/2 && ex.reserveMu.TryLock() {
+			// Running low: reserve ahead. A failure is not this publish's
+			// (its ID is reserved); the publish that needs the IDs reports it.
+			if ex.reserved.Load() == r {
+				_ = m.commitReserved(ex, r+idBlock)
+			}
+			ex.reserveMu.Unlock()
+		}
 		return nil
 	}
 	ex.reserveMu.Lock()
@@ -237,10 +250,15 @@ func (m *MQ) reserveIDs(ex *exchange, id uint64) error {
 	if id <= ex.reserved.Load() {
 		return nil
 	}
-	next := id + idBlock
+	return m.commitReserved(ex, id+idBlock)
+}
+
+// commitReserved records that ex's IDs up to next are reserved. The caller
+// holds ex.reserveMu.
+func (m *MQ) commitReserved(ex *exchange, next uint64) error {
 	var b wal.Batch
 	b.Put([]byte("x/"+ex.name), binaryUvarint(next))
-	if err := d.log.Commit(&b); err != nil {
+	if err := m.dur.log.Commit(&b); err != nil {
 		return fmt.Errorf("%w: reserving message IDs: %w", ErrLog, err)
 	}
 	ex.reserved.Store(next)
@@ -309,8 +327,9 @@ func (d *durableLog) ack(queue, key string, b *wal.Batch) {
 	}
 	d.mu.Unlock()
 	async := b == nil
+	var own wal.Batch
 	if async {
-		b = new(wal.Batch)
+		b = &own
 	}
 	// Only keys that are in the log are deleted: a message that one queue
 	// acknowledges without a retry costs one Delete.
@@ -336,7 +355,12 @@ func (d *durableLog) ack(queue, key string, b *wal.Batch) {
 // saveState records a message's retry state in queue, without waiting.
 func (d *durableLog) saveState(queue, key string, st queueState) {
 	d.mu.Lock()
-	if r := d.refs[key]; r != nil && !slices.Contains(r.stated, queue) {
+	r := d.refs[key]
+	if r == nil { // a message of one durable queue: logMessage kept no refs
+		r = &msgRefs{pending: 1}
+		d.refs[key] = r
+	}
+	if !slices.Contains(r.stated, queue) {
 		r.stated = append(r.stated, queue)
 	}
 	d.mu.Unlock()

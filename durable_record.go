@@ -44,7 +44,11 @@ type queueState struct {
 }
 
 func msgKey(exchange string, id uint64) []byte {
-	b := make([]byte, 0, 2+len(exchange)+1+8)
+	return appendMsgKey(make([]byte, 0, 2+len(exchange)+1+8), exchange, id)
+}
+
+// appendMsgKey appends the key of message id of exchange to b.
+func appendMsgKey(b []byte, exchange string, id uint64) []byte {
 	b = append(b, "m/"...)
 	b = append(b, exchange...)
 	b = append(b, 0)
@@ -87,7 +91,11 @@ func appendString(b []byte, s string) []byte {
 }
 
 func (s *storedMsg) encode() []byte {
-	b := make([]byte, 0, 64+len(s.body)+len(s.routingKey))
+	return s.appendTo(make([]byte, 0, 64+len(s.body)+len(s.routingKey)))
+}
+
+// appendTo appends the encoding of s to b.
+func (s *storedMsg) appendTo(b []byte) []byte {
 	b = append(b, recordVersion)
 	b = binary.AppendVarint(b, s.publishedAt)
 	b = binary.AppendVarint(b, s.visibleAt)

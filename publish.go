@@ -2,10 +2,12 @@ package tinymq
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/tinymq/tinymq/internal/wal"
@@ -397,10 +399,12 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 			return err
 		}
 	}
-	kb := msgKey(ex.name, id)
+	var kbuf [64]byte
+	kb := appendMsgKey(kbuf[:0], ex.name, id)
 	key := string(kb)
+	var qbuf [4]string
 	rec := storedMsg{publishedAt: now.UnixNano(), visibleAt: deadline(now, pc.delay), expiration: pc.ttl,
-		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body}
+		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body, queues: qbuf[:0]}
 	for i, q := range dst {
 		if q.cfg.durable {
 			rec.queues = append(rec.queues, q.name)
@@ -412,22 +416,45 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 			dm.ext().dkey = key
 		}
 	}
+	sp := scratchPool.Get().(*[]byte)
+	val := rec.appendTo((*sp)[:0])
 	var b wal.Batch
-	b.Put(kb, rec.encode())
+	b.Grow(len(kb) + len(val) + 2*binary.MaxVarintLen32)
+	b.Put(kb, val)
+	if cap(val) <= maxScratch {
+		*sp = val[:0]
+		scratchPool.Put(sp)
+	}
 	if dl != nil && dl.src != nil {
 		dl.src(&b)
 	}
-	d.mu.Lock()
-	d.refs[key] = &msgRefs{pending: len(rec.queues)}
-	d.mu.Unlock()
-	if err := d.log.Commit(&b); err != nil {
+	// Refs count the durable queues still holding a message. A message of
+	// one durable queue needs none until it saves a retry state (see
+	// saveState): ack takes a missing entry for a last one. That keeps the
+	// common publish off d.mu.
+	shared := len(rec.queues) > 1
+	if shared {
 		d.mu.Lock()
-		delete(d.refs, key)
+		d.refs[key] = &msgRefs{pending: len(rec.queues)}
 		d.mu.Unlock()
+	}
+	if err := d.log.Commit(&b); err != nil {
+		if shared {
+			d.mu.Lock()
+			delete(d.refs, key)
+			d.mu.Unlock()
+		}
 		return fmt.Errorf("%w: %w", ErrLog, err)
 	}
 	return nil
 }
+
+// scratchPool holds buffers for encoding a message's log record, which the
+// batch copies: a publish to a durable queue need not allocate one.
+var scratchPool = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxScratch is the largest buffer scratchPool keeps.
+const maxScratch = 64 << 10
 
 // newEntry is the entry for message m, stamped with id: m is a record shared
 // by the queues (its exchange's prototype, or one made for the publish: the

@@ -154,6 +154,7 @@ type queue struct {
 	scheduled int           // messages waiting in the scheduler for a delay or a retry
 	stopping  bool          // the MQ is stopping: report when quiescent
 	closed    bool          // workers exit once buf is empty
+	shut      atomic.Bool   // closed, readable without mu (see reserve)
 	aborted   bool          // Shutdown's deadline passed: nothing more is delivered
 	room      chan struct{} // closed when there may be room (Block publishers wait on it)
 	accepted  uint64        // messages published into the queue
@@ -276,6 +277,14 @@ func (q *queue) acceptPlain(e entry) bool {
 // that a publish to several queues is all or nothing without holding their
 // locks together.
 func (q *queue) reserve(internal bool) (room <-chan struct{}, err error) {
+	if q.cfg.maxLen == 0 {
+		// No limit: no room to hold, only the closed check (acceptReserved
+		// checks again under mu).
+		if q.shut.Load() {
+			return nil, ErrStopped
+		}
+		return nil, nil
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -294,6 +303,9 @@ func (q *queue) reserve(internal bool) (room <-chan struct{}, err error) {
 
 // unreserve gives back room that reserve held.
 func (q *queue) unreserve() {
+	if q.cfg.maxLen == 0 {
+		return // reserve held nothing
+	}
 	q.mu.Lock()
 	q.reserved--
 	q.freeRoomLocked()
@@ -305,7 +317,9 @@ func (q *queue) unreserve() {
 // queue was aborted since; abort counted e as undelivered then.
 func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration) (evicted *Msg, err error) {
 	q.mu.Lock()
-	q.reserved--
+	if q.cfg.maxLen > 0 {
+		q.reserved--
+	}
 	if q.closed {
 		q.mu.Unlock()
 		return nil, ErrStopped
@@ -651,6 +665,7 @@ func (q *queue) stop() {
 func (q *queue) close() {
 	q.mu.Lock()
 	q.closed = true
+	q.shut.Store(true)
 	q.idle, q.waking = 0, 0
 	q.mu.Unlock()
 	q.cond.Broadcast()
@@ -670,6 +685,7 @@ func (q *queue) abort() (undelivered, running uint64) {
 	}
 	begun := q.begun.Or(abortBit) &^ abortBit
 	q.aborted, q.closed = true, true
+	q.shut.Store(true)
 	q.buf.clear()
 	q.scheduled = 0
 	q.idle, q.waking = 0, 0

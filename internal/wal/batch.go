@@ -1,6 +1,9 @@
 package wal
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"slices"
+)
 
 // Batch is a list of Put and Delete operations that [Log.Commit] writes as one
 // record: after a crash either all of them are in the log or none. The zero
@@ -16,6 +19,9 @@ type Batch struct {
 
 func (b *Batch) init() {
 	if len(b.buf) < recPrefixLen {
+		if cap(b.buf) < recPrefixLen {
+			b.buf = make([]byte, 0, recPrefixLen+64) // room for a small op or two
+		}
 		b.buf = append(b.buf[:0], make([]byte, recPrefixLen)...)
 	}
 }
@@ -41,6 +47,17 @@ func (b *Batch) Delete(key []byte) {
 	b.buf = binary.AppendUvarint(b.buf, uint64(len(key)))
 	b.buf = append(b.buf, key...)
 	b.n++
+}
+
+// Grow makes room for n more bytes of operations (an operation takes the
+// length of its key and value plus up to 21 bytes), so that the Puts and
+// Deletes that follow need not allocate. It never blocks.
+func (b *Batch) Grow(n int) {
+	if len(b.buf) == 0 && cap(b.buf) < recPrefixLen+n {
+		b.buf = make([]byte, 0, recPrefixLen+n) // one allocation for a new batch
+	}
+	b.init()
+	b.buf = slices.Grow(b.buf, n)
 }
 
 // Reset empties the batch and keeps its memory for reuse.

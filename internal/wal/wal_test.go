@@ -496,3 +496,26 @@ func TestSegmentNames(t *testing.T) {
 	}
 	assert.Equal(t, "00000000000000000007.wal", filepath.Base(segName(7)))
 }
+
+// Grow keeps what the batch holds and makes room for more.
+func TestBatchGrowKeepsOps(t *testing.T) {
+	var b Batch
+	b.Grow(100)
+	b.Put([]byte("a"), []byte("1"))
+	b.Grow(1000)
+	b.Delete([]byte("b"))
+	require.Equal(t, 2, b.Len())
+	l := openT(t, t.TempDir(), Options{}, nil)
+	require.NoError(t, l.Commit(&b))
+	v, ok, err := l.Get([]byte("a"))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, "1", string(v))
+	var fresh Batch
+	fresh.Grow(64)
+	val := make([]byte, 32)
+	assert.Zero(t, testing.AllocsPerRun(100, func() {
+		fresh.Reset()
+		fresh.Put([]byte("key"), val)
+	}), "a Put into a grown batch allocates")
+}

@@ -3,7 +3,6 @@ package wal
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"time"
 )
@@ -19,6 +18,9 @@ type writer struct {
 	rbuf    []byte       // compaction's read buffer
 	ops     []op
 
+	cohort   int           // committers that recent syncs answered (see awaitCohort)
+	lastSync time.Duration // how long the last fdatasync took
+
 	compactID  uint64 // segment being compacted, and how far
 	compactOff int64
 	noCompact  uint64 // a segment compaction gave up on (see compactStep)
@@ -29,6 +31,9 @@ type pendingRec struct {
 	start, end int
 	compaction bool
 }
+
+// maxCohortWait bounds awaitCohort's wait, whatever an fdatasync takes.
+const maxCohortWait = 2 * time.Millisecond
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
@@ -50,7 +55,9 @@ func (l *Log) run() {
 	var timerC <-chan time.Time // non-nil while the timer runs
 	var more <-chan struct{}    // closedChan while maintenance has more to do
 	group := make([]*request, 0, 16)
-	last := 0 // the size of the last group
+	cohort := time.NewTimer(time.Hour)
+	cohort.Stop()
+	defer cohort.Stop()
 	for {
 		select {
 		case r, ok := <-l.reqs:
@@ -59,16 +66,10 @@ func (l *Log) run() {
 				return
 			}
 			group = append(group[:0], r)
-			// The committers of the last group were just woken: let them
-			// come back before this group is cut, so that groups stay as
-			// large as the concurrency. A yield costs far less than the
-			// fdatasync a split group adds; yield until as many are queued
-			// as last time, a bounded number of times.
-			for i := 0; last > 1 && i < 32 && len(l.reqs)+1 < last; i++ {
-				runtime.Gosched()
+			open := l.awaitCohort(&group, cohort)
+			if open {
+				open = l.gather(&group)
 			}
-			open := l.gather(&group)
-			last = len(group)
 			l.process(group)
 			clear(group)
 			if !open {
@@ -94,6 +95,45 @@ func (l *Log) run() {
 			timerC = nil
 		}
 	}
+}
+
+// awaitCohort adds to group, which holds one request, the committers of the
+// last synced groups as they come back, for at most about two fdatasyncs, and
+// reports false if reqs is closed. Without it, the committers answered by a
+// sync come back while the next group is being synced, and the log settles
+// into two half-size groups taking turns, each waiting a whole sync for the
+// other; waiting for them makes one group of all of them, which carries
+// nearly twice as much per sync at high concurrency. A lone committer never
+// waits; after the concurrency drops, the wait shrinks with it.
+func (l *Log) awaitCohort(group *[]*request, timer *time.Timer) bool {
+	want := l.w.cohort
+	if want <= 1 {
+		return true
+	}
+	waiters := 0
+	if (*group)[0].done != nil {
+		waiters++
+	}
+	limit := int(min(maxGroupBytes, l.opts.SegmentSize))
+	size := len((*group)[0].rec)
+	timer.Reset(min(2*l.w.lastSync, maxCohortWait))
+	defer timer.Stop()
+	for waiters < want && len(*group) < maxGroup && size < limit {
+		select {
+		case r, ok := <-l.reqs:
+			if !ok {
+				return false
+			}
+			*group = append(*group, r)
+			size += len(r.rec)
+			if r.done != nil {
+				waiters++
+			}
+		case <-timer.C:
+			return true
+		}
+	}
+	return true
 }
 
 // gather adds the requests already queued to group, up to maxGroup requests
@@ -147,8 +187,19 @@ func (l *Log) writeGroup(group []*request) error {
 		return l.fail(err)
 	}
 	if needSync {
+		n := 0
+		for _, r := range group {
+			if r.done != nil {
+				n++
+			}
+		}
+		// The concurrency seen lately, decaying when it drops (to 1 in about
+		// 25 groups from 64), so that a few stragglers do not shrink the
+		// groups that follow.
+		l.w.cohort = max(n, l.w.cohort-l.w.cohort/8)
 		return l.syncHead()
 	}
+	l.w.cohort = 0
 	return nil
 }
 
@@ -251,9 +302,11 @@ func (l *Log) syncHead() error {
 		return nil
 	}
 	head := l.head()
+	start := time.Now()
 	if err := head.f.Datasync(); err != nil {
 		return l.fail(fmt.Errorf("fdatasync %s: %w", head.path, err))
 	}
+	l.w.lastSync = time.Since(start)
 	l.syncs.Add(1)
 	l.w.dirty = false
 	l.w.synced = l.w.written
