@@ -519,3 +519,49 @@ func TestBatchGrowKeepsOps(t *testing.T) {
 		fresh.Put([]byte("key"), val)
 	}), "a Put into a grown batch allocates")
 }
+
+// awaitCohort keeps a group open until as many committers as recent groups
+// had are back (or reqs is closed), and never waits for a lone committer.
+func TestAwaitCohort(t *testing.T) {
+	newLog := func(cohort int, lastSync time.Duration) *Log {
+		l := &Log{reqs: make(chan *request, 16), opts: Options{SegmentSize: 1 << 20}}
+		l.w.cohort, l.w.lastSync = cohort, lastSync
+		return l
+	}
+	commit := func() *request { return &request{rec: make([]byte, 10), done: make(chan error, 1)} }
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+
+	l := newLog(5, time.Hour)
+	for range 6 {
+		l.reqs <- &request{rec: make([]byte, 10)} // a CommitAsync does not count
+		l.reqs <- commit()
+	}
+	group := []*request{commit()}
+	require.True(t, l.awaitCohort(&group, timer))
+	assert.Len(t, l.reqs, 4, "what comes after the cohort is left for gather")
+	waiters := 0
+	for _, r := range group {
+		if r.done != nil {
+			waiters++
+		}
+	}
+	assert.Equal(t, 5, waiters, "the group waits for the five committers of recent groups")
+
+	l = newLog(1, time.Hour)
+	group = []*request{commit()}
+	require.True(t, l.awaitCohort(&group, timer))
+	assert.Len(t, group, 1, "a lone committer does not wait")
+
+	l = newLog(5, time.Hour)
+	l.reqs <- commit()
+	close(l.reqs)
+	group = []*request{commit()}
+	assert.False(t, l.awaitCohort(&group, timer), "a closed reqs ends the wait")
+	assert.Len(t, group, 2)
+
+	l = newLog(64, time.Millisecond) // stragglers that never come: the wait ends
+	group = []*request{commit()}
+	require.True(t, l.awaitCohort(&group, timer))
+	assert.Len(t, group, 1)
+}
