@@ -189,6 +189,7 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 				return nil, errDeadLetterCycle
 			}
 		}
+		r.n = len(dst)
 		var msgs []*Msg // nil: enqueue asks r for each queue's
 		if slices.ContainsFunc(dst, func(q *queue) bool { return q.cfg.filter != nil }) {
 			// The filters see the Msg that their queue will deliver, and
@@ -230,14 +231,17 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 // that needs no Msg of its own until a worker delivers the message (see
 // takesShared) shares one record of it with the others: its exchange's
 // prototype for a plain message (no routing key, headers or deaths), else one
-// Msg made for this publish. A message with a TTL or a delay gets a Msg per
-// queue, which its queue stamps with its own deadline.
+// Msg made for this publish when it reaches several queues (a message for one
+// queue gets its own Msg, the one its consumer receives: one allocation
+// either way). A message with a TTL or a delay gets a Msg per queue, which
+// its queue stamps with its own deadline.
 type records struct {
 	ex     *exchange // the exchange published to
 	data   any
 	pc     publishConfig
 	deaths []Death
 	rec    *Msg // the record made for this publish, once a queue needs it
+	n      int  // the queues it is routed to: one needs no shared record
 
 	evicted []eviction // what DropHead evicted to make room: dead-letter them after
 }
@@ -248,10 +252,12 @@ func (r *records) msgFor(q *queue) *Msg {
 		if pc.routingKey == "" && pc.headers == nil && r.deaths == nil {
 			return r.ex.proto
 		}
-		if r.rec == nil {
+		if r.n > 1 && r.rec == nil {
 			r.rec = &Msg{Exchange: r.ex.name, RoutingKey: pc.routingKey, Headers: pc.headers, Deaths: r.deaths, shared: true}
 		}
-		return r.rec
+		if r.rec != nil {
+			return r.rec
+		}
 	}
 	return &Msg{Exchange: r.ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: r.data, Deaths: r.deaths}
 }
