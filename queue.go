@@ -383,7 +383,13 @@ func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) 
 // worker, back for more before another could wake, does not drag the others
 // through a park and a wake for each message. q.mu is held.
 func (q *queue) wakeOneLocked() bool {
-	if q.idle == 0 || q.waking > 0 || q.buf.n == 0 {
+	return q.wakeForLocked(q.buf.n)
+}
+
+// wakeForLocked is wakeOneLocked for n entries that a parked worker could
+// take: in buf, or in a batch that it could steal from. q.mu is held.
+func (q *queue) wakeForLocked(n int) bool {
+	if q.idle == 0 || q.waking > 0 || n == 0 {
 		return false
 	}
 	q.idle--
@@ -481,10 +487,13 @@ func (q *queue) take(w *worker) (entry, bool) {
 		q.reportIfQuiescentLocked()
 	}
 	for {
+		// A worker that leaves entries behind, in buf or in its batch, wakes
+		// another to take them, or to steal them should this one's message
+		// block: a parked worker never leaves a message waiting.
 		if q.buf.n > 0 {
 			e := q.refillLocked(w)
 			q.freeRoomLocked()
-			wake := q.wakeOneLocked()
+			wake := q.wakeForLocked(q.buf.n + w.n - 1)
 			expiry := q.armExpiryLocked()
 			q.mu.Unlock()
 			q.wakeAfter(wake, expiry)
@@ -493,7 +502,9 @@ func (q *queue) take(w *worker) (entry, bool) {
 		if e, ok := q.stealLocked(w); ok {
 			w.held = true
 			q.busy++
+			wake := q.wakeForLocked(w.n - 1)
 			q.mu.Unlock()
+			q.wakeAfter(wake, 0)
 			return e, true
 		}
 		if q.closed {
@@ -700,9 +711,13 @@ func (q *queue) abort() (undelivered, running uint64) {
 }
 
 // inFlight is how many messages are in the consumer now.
+//
+// Deliveries are read first: a message counted as done was counted as
+// delivered before, so what moves during the reads can make the result
+// smaller than the truth, never larger than the workers.
 func (q *queue) inFlight() uint64 {
-	done := q.succeeded() + q.c.failed.Load()
-	if d := q.delivered(); d > done {
+	d := q.delivered()
+	if done := q.succeeded() + q.c.failed.Load(); d > done {
 		return d - done
 	}
 	return 0

@@ -25,7 +25,11 @@ type ExchangeStats struct {
 
 // QueueStats counts what happened in one queue. Every accepted message ends
 // in exactly one of Succeeded, DeadLettered, Dropped or Undelivered; until then
-// it is counted in Depth or InFlight. Counters only grow.
+// it is counted in Depth or InFlight. Counters only grow. The fields are read
+// one at a time while messages move (the workers count without a lock), so
+// while a queue is busy these sums may be off by the few messages that moved
+// during the read; once it is idle, they add up exactly. InFlight never
+// exceeds the queue's concurrency.
 type QueueStats struct {
 	// Depth is how many messages wait: Ready plus Scheduled.
 	Depth int
