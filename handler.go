@@ -89,21 +89,12 @@ type Delivery[T any] struct {
 // no type parameters; it blocks, and behaves after Stop, as RegisterQueue
 // does. A nil fn is [ErrNilConsumer].
 func RegisterHandler[T any](m *MQ, exchange string, kind ExchangeType, fn func(ctx context.Context, v T) error, concurrency int, opts ...QueueOption) error {
-	if m == nil {
-		return fmt.Errorf("%w: nil MQ", ErrInvalidOption)
-	}
 	if fn == nil {
 		return ErrNilConsumer
 	}
-	nilOK := reflect.TypeFor[T]().Kind() == reflect.Interface
-	direct := func(ctx context.Context, d Delivery[any]) error {
-		v, err := payloadAs[T](d.Data, nilOK)
-		if err != nil {
-			return err
-		}
-		return fn(ctx, v)
-	}
-	return m.register(exchange, kind, consumer{fn: Handler(fn), direct: direct}, concurrency, opts)
+	return RegisterDeliveryHandler(m, exchange, kind, func(ctx context.Context, d Delivery[T]) error {
+		return fn(ctx, d.Data)
+	}, concurrency, opts...)
 }
 
 // RegisterDeliveryHandler is [RegisterHandler] for a consumer that needs the
