@@ -43,10 +43,6 @@ type queueState struct {
 	lastErr string
 }
 
-func msgKey(exchange string, id uint64) []byte {
-	return appendMsgKey(make([]byte, 0, 2+len(exchange)+1+8), exchange, id)
-}
-
 // appendMsgKey appends the key of message id of exchange to b.
 func appendMsgKey(b []byte, exchange string, id uint64) []byte {
 	b = append(b, "m/"...)
@@ -88,10 +84,6 @@ func parseQueueKey(k []byte) (queue, mk string, ok bool) {
 func appendString(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
 	return append(b, s...)
-}
-
-func (s *storedMsg) encode() []byte {
-	return s.appendTo(make([]byte, 0, 64+len(s.body)+len(s.routingKey)))
 }
 
 // appendTo appends the encoding of s to b.
