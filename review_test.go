@@ -1568,7 +1568,9 @@ func TestReviewPublishDuringStopLedger(t *testing.T) {
 				assert.Zero(t, s1.Undelivered, "Stop delivers everything accepted")
 				assert.Zero(t, st.Queues["q2"].Undelivered)
 			}
-			assert.Equal(t, int64(s1.DeadLettered), deadGot.Load())
+			// A dead letter accepted by the dead queue reaches its consumer,
+			// unless a Shutdown deadline dropped it there.
+			assert.Equal(t, int64(s1.DeadLettered), deadGot.Load()+int64(st.Queues["dead"].Undelivered))
 			if dq == nil {
 				return
 			}
