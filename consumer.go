@@ -55,6 +55,7 @@ func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
 			w.drop() // aborted: abort counted the rest as undelivered
 			continue
 		}
+		q.wakeThief(w)
 		q.deliver(ctx, w, &e)
 	}
 }

@@ -148,7 +148,7 @@ type queue struct {
 	cond      sync.Cond // L is &mu; signalled once per parked worker to wake
 	buf       fifo
 	workers   []*worker     // one per worker slot, for stealing and counting
-	idle      int           // workers parked in cond.Wait and not yet signalled
+	idle      atomic.Int32  // workers parked in cond.Wait and not yet signalled; written under mu (see wakeThief)
 	waking    int           // workers signalled that have not taken the lock since (see wakeOneLocked)
 	busy      int           // workers holding a batch
 	scheduled int           // messages waiting in the scheduler for a delay or a retry
@@ -389,12 +389,26 @@ func (q *queue) wakeOneLocked() bool {
 // wakeForLocked is wakeOneLocked for n entries that a parked worker could
 // take: in buf, or in a batch that it could steal from. q.mu is held.
 func (q *queue) wakeForLocked(n int) bool {
-	if q.idle == 0 || q.waking > 0 || n == 0 {
+	if q.idle.Load() == 0 || q.waking > 0 || n == 0 {
 		return false
 	}
-	q.idle--
+	q.idle.Add(-1)
 	q.waking++
 	return true
+}
+
+// wakeThief makes sure a worker is awake to steal the entries left in w's
+// batch, which waits to begin the next: should that message block, they
+// would wait for it while another worker sleeps. It costs an atomic load when
+// no worker is parked.
+func (q *queue) wakeThief(w *worker) {
+	if w.n-int(w.next.Load()) <= 0 || q.idle.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	wake := q.wakeForLocked(w.n - int(w.next.Load()))
+	q.mu.Unlock()
+	q.wakeAfter(wake, 0)
 }
 
 // popLocked takes the head of buf for something other than a worker (an
@@ -511,7 +525,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 			q.mu.Unlock()
 			return entry{}, false
 		}
-		q.idle++
+		q.idle.Add(1)
 		q.cond.Wait()
 		if q.waking > 0 {
 			q.waking--
@@ -677,7 +691,8 @@ func (q *queue) close() {
 	q.mu.Lock()
 	q.closed = true
 	q.shut.Store(true)
-	q.idle, q.waking = 0, 0
+	q.idle.Store(0)
+	q.waking = 0
 	q.mu.Unlock()
 	q.cond.Broadcast()
 }
@@ -699,7 +714,8 @@ func (q *queue) abort() (undelivered, running uint64) {
 	q.shut.Store(true)
 	q.buf.clear()
 	q.scheduled = 0
-	q.idle, q.waking = 0, 0
+	q.idle.Store(0)
+	q.waking = 0
 	q.freeRoomLocked()
 	undelivered = q.entered - begun
 	q.abortLost = undelivered
