@@ -91,7 +91,7 @@ type exchange struct {
 	proto *Msg // what plain entries share (see entry)
 	// plain: a fanout exchange whose every queue takes shared entries, so
 	// that a publish with no options is one plain entry for each (see
-	// MQ.publishPlain). Set by bind.
+	// MQ.publish). Set by bind.
 	plain bool
 }
 

@@ -40,11 +40,6 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
 	}
 	m.init()
-	if len(opts) == 0 && m.engine == nil {
-		if done, err := m.publishPlain(exchange, data); done {
-			return err
-		}
-	}
 	r := records{data: data}
 	if len(opts) > 0 {
 		if err := r.pc.apply(opts); err != nil {
@@ -71,33 +66,6 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 			return fmt.Errorf("%w: waiting for room: %w", ErrQueueFull, ctx.Err())
 		}
 	}
-}
-
-// publishPlain is the publish of a message with no options to a fanout
-// exchange whose queues all take plain entries (see exchange.plain), the
-// common case, with nothing to decide per queue: one ID, one entry, each
-// queue takes it. It reports false, having done nothing, for any other
-// publish.
-func (m *MQ) publishPlain(name string, data any) (done bool, err error) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	ex := m.lastEx.Load()
-	if ex == nil || ex.name != name {
-		if ex = m.exchanges[name]; ex == nil {
-			return false, nil
-		}
-		m.lastEx.Store(ex) // exchanges are never removed
-	}
-	if !ex.plain || m.state >= stateStopping || m.dur != nil {
-		return false, nil
-	}
-	e := entry{m: ex.proto, id: ex.seq.Add(1), data: data}
-	for _, q := range ex.all {
-		if !q.acceptPlain(e) {
-			return true, ErrStopped // aborted: Stop has begun
-		}
-	}
-	return true, nil
 }
 
 // publishOnEngine is PublishContext on an engine. It checks the state under
@@ -177,6 +145,20 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 		m.lastEx.Store(ex)
 	}
 	r.ex = ex
+	if !internal && ex.plain && m.dur == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 {
+		// The common case: no option, to a fanout exchange whose queues all
+		// take plain entries (see exchange.plain), with nothing to decide per
+		// queue: one ID, one entry, each queue takes it.
+		e := entry{m: ex.proto, id: ex.seq.Add(1), data: r.data}
+		for _, q := range ex.all {
+			if err := q.accept(e, time.Time{}, 0); err != nil {
+				m.mu.RUnlock()
+				return nil, err // aborted: Stop has begun
+			}
+		}
+		m.mu.RUnlock()
+		return nil, nil
+	}
 	var qbuf [8]*queue
 	// Follow alternate exchanges; a cycle ends after every exchange was tried.
 	for cur, hops := ex, 0; cur != nil && hops <= len(m.exchanges); hops++ {

@@ -252,25 +252,6 @@ func (q *queue) accept(e entry, now time.Time, ttl time.Duration) error {
 	return nil
 }
 
-// acceptPlain is accept for a plain entry (see exchange.plain): no limit,
-// TTL or delay to apply. It reports false when the queue is closed.
-func (q *queue) acceptPlain(e entry) bool {
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return false
-	}
-	q.accepted++
-	q.entered++
-	q.buf.push(e)
-	wake := q.wakeOneLocked()
-	q.mu.Unlock()
-	if wake {
-		q.cond.Signal()
-	}
-	return true
-}
-
 // reserve admits one more message into q and holds room for it until
 // acceptReserved or unreserve: nil, or room to wait on (Block; never for
 // internal publishes), or an error. Room held counts towards the limit, so
