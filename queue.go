@@ -392,6 +392,18 @@ func (q *queue) wakeThief(w *worker) {
 	q.wakeAfter(wake, 0)
 }
 
+// wakeIfWaitingLocked is wakeForLocked for every entry that waits: in buf,
+// and unclaimed in any worker's batch (which a woken worker steals). Counting
+// them all, not only the caller's, means that a wake that wakeThief or
+// enqueue left to a worker already waking is passed on by that worker,
+// whatever it finds first. q.mu is held.
+func (q *queue) wakeIfWaitingLocked() bool {
+	if q.idle.Load() == 0 || q.waking > 0 {
+		return false
+	}
+	return q.wakeForLocked(q.buf.n + q.batchedLocked())
+}
+
 // popLocked takes the head of buf for something other than a worker (an
 // eviction, an expiry), counting it as begun. q.mu is held; buf is not empty.
 func (q *queue) popLocked() entry {
@@ -488,7 +500,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 		if q.buf.n > 0 {
 			e := q.refillLocked(w)
 			q.freeRoomLocked()
-			wake := q.wakeForLocked(q.buf.n + w.n - 1)
+			wake := q.wakeIfWaitingLocked()
 			expiry := q.armExpiryLocked()
 			q.mu.Unlock()
 			q.wakeAfter(wake, expiry)
@@ -497,7 +509,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 		if e, ok := q.stealLocked(w); ok {
 			w.held = true
 			q.busy++
-			wake := q.wakeForLocked(w.n - 1)
+			wake := q.wakeIfWaitingLocked()
 			q.mu.Unlock()
 			q.wakeAfter(wake, 0)
 			return e, true
