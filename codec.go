@@ -1,6 +1,7 @@
 package tinymq
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 )
@@ -21,8 +22,19 @@ type Codec interface {
 // JSONCodec encodes with encoding/json. It is the default [Codec].
 type JSONCodec struct{}
 
-// Marshal encodes v as JSON.
-func (JSONCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
+// Marshal encodes v as JSON. A []byte becomes a base64 string, as
+// encoding/json makes it.
+func (JSONCodec) Marshal(v any) ([]byte, error) {
+	if b, ok := v.([]byte); ok && b != nil {
+		// encoding/json's own encoding of a []byte, without its reflection
+		// and buffer pool: the common payload of a durable queue.
+		out := make([]byte, 0, base64.StdEncoding.EncodedLen(len(b))+2)
+		out = append(out, '"')
+		out = base64.StdEncoding.AppendEncode(out, b)
+		return append(out, '"'), nil
+	}
+	return json.Marshal(v)
+}
 
 // Unmarshal decodes JSON data into v.
 func (JSONCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }

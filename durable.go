@@ -327,9 +327,10 @@ func (d *durableLog) ack(queue, key string, b *wal.Batch) {
 	}
 	d.mu.Unlock()
 	async := b == nil
-	var own wal.Batch
 	if async {
-		b = &own
+		sc := getScratch()
+		defer putScratch(sc)
+		b = &sc.b
 	}
 	// Only keys that are in the log are deleted: a message that one queue
 	// acknowledges without a retry costs one Delete.
@@ -364,9 +365,10 @@ func (d *durableLog) saveState(queue, key string, st queueState) {
 		r.stated = append(r.stated, queue)
 	}
 	d.mu.Unlock()
-	var b wal.Batch
-	b.Put(queueKey("s/", queue, key), st.encode())
-	_ = d.log.CommitAsync(&b)
+	sc := getScratch()
+	defer putScratch(sc)
+	sc.b.Put(queueKey("s/", queue, key), st.encode())
+	_ = d.log.CommitAsync(&sc.b)
 }
 
 // takeRecovered returns, and forgets, what the log holds for queue.

@@ -2,6 +2,7 @@ package tinymq_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -545,4 +546,28 @@ func TestDelaysAndDeadlinesSurviveARestart(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered, "the delayed one stays on disk")
 	m.Stop()
+}
+
+// JSONCodec encodes a []byte without encoding/json's reflection: the bytes
+// must be exactly what encoding/json makes, so that a queue's stored
+// messages do not depend on which path encoded them.
+func TestJSONCodecBytesAsEncodingJSON(t *testing.T) {
+	for _, b := range [][]byte{nil, {}, {0}, []byte("hello"), make([]byte, 255), []byte{0xff, 0xfe, '"', '\\', '<'}} {
+		want, err := json.Marshal(b)
+		require.NoError(t, err)
+		got, err := tinymq.JSONCodec{}.Marshal(b)
+		require.NoError(t, err)
+		assert.Equal(t, string(want), string(got), "%q", b)
+		var back []byte
+		require.NoError(t, tinymq.JSONCodec{}.Unmarshal(got, &back))
+		assert.Equal(t, b, back)
+	}
+	type named []byte
+	want, _ := json.Marshal(named("x"))
+	got, err := tinymq.JSONCodec{}.Marshal(named("x"))
+	require.NoError(t, err)
+	assert.Equal(t, string(want), string(got))
+	raw, err := tinymq.JSONCodec{}.Marshal(json.RawMessage(`{"a":1}`))
+	require.NoError(t, err)
+	assert.Equal(t, `{"a":1}`, string(raw), "a RawMessage keeps its own MarshalJSON")
 }

@@ -241,6 +241,14 @@ func (r *records) msgFor(q *queue) *Msg {
 			return r.rec
 		}
 	}
+	if q.cfg.durable { // logMessage fills in its ext: one allocation for both
+		dm := &struct {
+			Msg
+			x msgExt
+		}{Msg: Msg{Exchange: r.ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: r.data, Deaths: r.deaths}}
+		dm.Msg.x = &dm.x
+		return &dm.Msg
+	}
 	return &Msg{Exchange: r.ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: r.data, Deaths: r.deaths}
 }
 
@@ -404,17 +412,14 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 			dm.ext().dkey = key
 		}
 	}
-	sp := scratchPool.Get().(*[]byte)
-	val := rec.appendTo((*sp)[:0])
-	var b wal.Batch
-	b.Grow(len(kb) + len(val) + 2*binary.MaxVarintLen32)
-	b.Put(kb, val)
-	if cap(val) <= maxScratch {
-		*sp = val[:0]
-		scratchPool.Put(sp)
-	}
+	sc := getScratch()
+	defer putScratch(sc)
+	sc.val = rec.appendTo(sc.val)
+	b := &sc.b
+	b.Grow(len(kb) + len(sc.val) + 2*binary.MaxVarintLen32)
+	b.Put(kb, sc.val)
 	if dl != nil && dl.src != nil {
-		dl.src(&b)
+		dl.src(b)
 	}
 	// Refs count the durable queues still holding a message. A message of
 	// one durable queue needs none until it saves a retry state (see
@@ -426,7 +431,7 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 		d.refs[key] = &msgRefs{pending: len(rec.queues)}
 		d.mu.Unlock()
 	}
-	if err := d.log.Commit(&b); err != nil {
+	if err := d.log.Commit(b); err != nil {
 		if shared {
 			d.mu.Lock()
 			delete(d.refs, key)
@@ -437,12 +442,32 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 	return nil
 }
 
-// scratchPool holds buffers for encoding a message's log record, which the
-// batch copies: a publish to a durable queue need not allocate one.
-var scratchPool = sync.Pool{New: func() any { return new([]byte) }}
+// scratch is a batch and a buffer for writing a log record: Commit and
+// CommitAsync copy the batch, so a publish or an acknowledgement can reuse
+// one from scratchPool instead of allocating its own.
+type scratch struct {
+	b   wal.Batch
+	val []byte
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
 // maxScratch is the largest buffer scratchPool keeps.
 const maxScratch = 64 << 10
+
+func getScratch() *scratch {
+	sc := scratchPool.Get().(*scratch)
+	sc.b.Reset()
+	sc.val = sc.val[:0]
+	return sc
+}
+
+func putScratch(sc *scratch) {
+	if cap(sc.val) > maxScratch || sc.b.Size() > 2*maxScratch {
+		return // do not keep the memory of one large message
+	}
+	scratchPool.Put(sc)
+}
 
 // newEntry is the entry for message m, stamped with id: m is a record shared
 // by the queues (its exchange's prototype, or one made for the publish: the

@@ -30,9 +30,14 @@
 // price of one goroutine hand-off per Commit (microseconds, against a
 // millisecond-class fdatasync).
 //
+// The writer sleeps while the committers of the last groups come back (at
+// most about two syncs) and is woken once, by the one that completes the
+// cohort, rather than once per Commit.
+//
 // [Log.CommitAsync] orders a batch without waiting for its write or sync (for
 // acknowledgements: they ride on the next sync and never cost one of their
-// own). [SyncInterval] makes Commit return after the write and syncs in the
+// own). It does not wake the writer either: the batches wait in a buffer,
+// merged into one record, and are written first in the next group. [SyncInterval] makes Commit return after the write and syncs in the
 // background: a crash of the machine may lose the last interval of commits.
 //
 // If a write or an fdatasync fails (ENOSPC, EIO), the Commits it covered

@@ -2,6 +2,7 @@ package wal
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,6 +39,8 @@ const (
 //     including while Range calls its fn. The writer only TryLocks it to remove
 //     a segment (and retries later), so a reader never waits for it and fn may
 //     call any method, Close included.
+//   - async.mu: guards the CommitAsync batches waiting for the writer; held
+//     only to add one or to swap them out, never while writing.
 //   - mu: guards index, segs and the segments' sizes and live counts. The
 //     writer reads them without it (it is their only writer) and writes them
 //     under it; everyone else reads them under it.
@@ -51,7 +54,18 @@ type Log struct {
 	recovery Recovery // set by Open, read-only afterwards
 
 	reqs chan *request // closed by Close; the writer drains it
-	done chan struct{} // closed when the writer returns
+
+	// Waking the writer for each Commit would cost a goroutine switch per
+	// request while it gathers a group (see awaitCohort). Instead, Commits
+	// count themselves in waiting once queued, and the one that brings it to
+	// want (set by the writer while it waits for a group) wakes the writer
+	// through cohortFull.
+	waiting    atomic.Int32  // queued requests with a done channel
+	want       atomic.Int32  // waiting count that wakes the writer; 0 when it is not waiting
+	cohortFull chan struct{} // capacity 1
+
+	async asyncOps
+	done  chan struct{} // closed when the writer returns
 
 	closeMu sync.RWMutex
 	closed  bool // under closeMu
@@ -151,15 +165,21 @@ func open(dir string, opts Options, fsys fileSystem) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{
-		dir:   dir,
-		opts:  opts,
-		fs:    fsys,
-		log:   opts.Logger,
-		lock:  lock,
-		index: make(map[string]loc),
-		reqs:  make(chan *request, reqQueueLen),
-		done:  make(chan struct{}),
+		dir:        dir,
+		opts:       opts,
+		fs:         fsys,
+		log:        opts.Logger,
+		lock:       lock,
+		index:      make(map[string]loc),
+		reqs:       make(chan *request, reqQueueLen),
+		cohortFull: make(chan struct{}, 1),
+		done:       make(chan struct{}),
 	}
+	// Async batches are written with the next group, and all of them (they
+	// are ordered before its requests): holding at most about a group's
+	// worth keeps groups, and so the disk between maintenance steps, bounded.
+	l.async.limit = int(min(maxAsyncRecord, opts.SegmentSize/8))
+	l.async.behind = int(min(maxGroupBytes, opts.SegmentSize))
 	if err := l.recover(); err != nil {
 		l.closeFiles()
 		lock.Close()
@@ -189,7 +209,22 @@ type request struct {
 	done chan error // receives the outcome; nil for CommitAsync
 }
 
-var donePool = sync.Pool{New: func() any { return make(chan error, 1) }}
+// reqPool holds requests with their done channel, for Commit and Sync: the
+// writer is done with a request once it has sent on done.
+var reqPool = sync.Pool{New: func() any { return &request{done: make(chan error, 1)} }}
+
+// call sends a request for rec (a Commit) or a sync to the writer and waits for its answer.
+func (l *Log) call(rec []byte, sync bool) error {
+	r := reqPool.Get().(*request)
+	r.rec, r.sync = rec, sync
+	err := l.send(r)
+	if err == nil {
+		err = <-r.done
+	}
+	r.rec = nil
+	reqPool.Put(r)
+	return err
+}
 
 // Commit writes b as one record and returns when it is durable under the
 // sync policy: under [SyncAlways] after an fdatasync that covers it (shared
@@ -206,14 +241,7 @@ func (l *Log) Commit(b *Batch) error {
 	if err != nil {
 		return err
 	}
-	done := donePool.Get().(chan error)
-	if err := l.send(&request{rec: rec, done: done}); err != nil {
-		donePool.Put(done)
-		return err
-	}
-	err = <-done
-	donePool.Put(done)
-	return err
+	return l.call(rec, false)
 }
 
 // CommitAsync orders b in the log behind every batch already committed or
@@ -225,15 +253,101 @@ func (l *Log) Commit(b *Batch) error {
 // interval after its write. Get and Range see it once the writer has written
 // it. b may be reused at once (CommitAsync copies it).
 //
-// CommitAsync blocks only while the writer's queue is full. A failure of its
-// later write shows as ErrFailed in the calls after it. After Close it
-// returns [ErrClosed].
+// Concurrent CommitAsync batches are gathered into one record per group
+// written (each batch stays all-or-nothing after a crash), so that many small
+// ones cost the writer about as much as one.
+//
+// CommitAsync blocks only while the writer is behind (a segment's worth of
+// batches, at most 4 MiB, waiting). A failure of its later write shows as
+// ErrFailed in the calls after it. After Close it returns [ErrClosed].
 func (l *Log) CommitAsync(b *Batch) error {
 	rec, err := recordOf(b)
 	if err != nil {
 		return err
 	}
-	return l.send(&request{rec: bytes.Clone(rec)})
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if err := l.usable(); err != nil {
+		return err
+	}
+	wake, behind := l.async.add(rec)
+	if behind {
+		// Wait for the writer to take what is waiting, like a full reqs.
+		r := reqPool.Get().(*request)
+		r.rec, r.sync = nil, false
+		l.enqueue(r)
+		<-r.done
+		reqPool.Put(r)
+	} else if wake {
+		l.enqueue(&request{})
+	}
+	return nil
+}
+
+// asyncOps holds the CommitAsync batches that the writer has not taken yet,
+// merged into records. A CommitAsync that finds none waiting sends the
+// writer an empty request, which makes it take them (the writer also takes
+// them with every group it writes).
+type asyncOps struct {
+	mu     sync.Mutex
+	cur    Batch    // batches merged into one record
+	full   [][]byte // earlier merged records, unsealed, when cur grew past maxAsyncRecord
+	size   int      // bytes in cur and full
+	limit  int      // the size past which cur is closed: a fraction of a segment (set by Open)
+	behind int      // the size past which CommitAsync waits for the writer (set by Open)
+	queued bool     // a request is in reqs, or the writer will take them anyway
+}
+
+// maxAsyncRecord is the largest record that merged CommitAsync batches make
+// (unless one batch is larger); with small segments, an eighth of one.
+const maxAsyncRecord = 1 << 20
+
+// add merges the unsealed record rec (see Batch.record). It reports whether the writer
+// must be sent a request to take it, and whether so much is waiting that the
+// caller should wait for the writer.
+func (a *asyncOps) add(rec []byte) (wake, behind bool) {
+	n := int(binary.LittleEndian.Uint32(rec[recHeaderLen+16:]))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.cur.Size()+len(rec)-recPrefixLen > a.limit && a.cur.n > 0 {
+		a.full = append(a.full, bytes.Clone(a.cur.record()))
+		a.cur.Reset()
+	}
+	a.cur.init()
+	a.cur.buf = append(a.cur.buf, rec[recPrefixLen:]...)
+	a.cur.n += n
+	a.size += len(rec) - recPrefixLen
+	wake = !a.queued
+	a.queued = true
+	return wake, a.size > a.behind
+}
+
+// take calls fn with every waiting record, oldest first, and empties the
+// buffer. It swaps the merged record with spare (an empty batch, whose memory
+// it reuses) under the lock and calls fn without it, so that CommitAsync does
+// not wait for fn's writes. fn must not keep rec. Only the writer calls it.
+func (a *asyncOps) take(spare *Batch, fn func(rec []byte) error) error {
+	a.mu.Lock()
+	a.queued = false
+	full := a.full
+	spare.Reset()
+	a.cur, *spare = *spare, a.cur
+	a.full, a.size = nil, 0
+	a.mu.Unlock()
+	for _, r := range full {
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	if spare.n > 0 {
+		if err := fn(spare.record()); err != nil {
+			return err
+		}
+	}
+	if cap(spare.buf) > 2*a.limit {
+		*spare = Batch{}
+	}
+	return nil
 }
 
 // Sync returns once every batch committed or ordered before it is durable,
@@ -241,14 +355,7 @@ func (l *Log) CommitAsync(b *Batch) error {
 // pending). It returns an error wrapping [ErrFailed] if the log failed, and
 // [ErrClosed] after Close.
 func (l *Log) Sync() error {
-	done := donePool.Get().(chan error)
-	if err := l.send(&request{sync: true, done: done}); err != nil {
-		donePool.Put(done)
-		return err
-	}
-	err := <-done
-	donePool.Put(done)
-	return err
+	return l.call(nil, true)
 }
 
 func recordOf(b *Batch) ([]byte, error) {
@@ -266,14 +373,35 @@ func recordOf(b *Batch) ([]byte, error) {
 func (l *Log) send(r *request) error {
 	l.closeMu.RLock()
 	defer l.closeMu.RUnlock()
+	if err := l.usable(); err != nil {
+		return err
+	}
+	l.enqueue(r)
+	return nil
+}
+
+// usable returns ErrClosed after Close, the failure of a failed log, or nil.
+// The caller holds closeMu shared.
+func (l *Log) usable() error {
 	if l.closed {
 		return ErrClosed
 	}
-	if err := l.failure(); err != nil {
-		return err
-	}
+	return l.failure()
+}
+
+// enqueue hands r to the writer. The caller holds closeMu shared and has
+// checked closed.
+func (l *Log) enqueue(r *request) {
 	l.reqs <- r
-	return nil
+	if r.done != nil {
+		n := l.waiting.Add(1)
+		if w := l.want.Load(); w > 0 && n >= w {
+			select {
+			case l.cohortFull <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 // failure returns the error wrapping ErrFailed, or nil.
@@ -387,7 +515,7 @@ type Stats struct {
 	// values and 2 to 20 bytes of framing each).
 	LiveBytes int64
 
-	Commits         uint64 // batches written since Open (Commit and CommitAsync)
+	Commits         uint64 // records written since Open for Commit and CommitAsync (which merges batches)
 	Syncs           uint64 // fdatasyncs of segment files since Open
 	Compactions     uint64 // records written by compaction since Open
 	SegmentsRemoved uint64 // dead segments deleted since Open

@@ -81,10 +81,13 @@ func decodeHeader(b []byte) (segHeader, error) {
 // recordCRC is the CRC-32C of salt (4 bytes, little-endian), the length field
 // and the body of rec.
 func recordCRC(salt uint32, rec []byte) uint32 {
-	var s [4]byte
-	binary.LittleEndian.PutUint32(s[:], salt)
-	c := crc32.Update(0, castagnoli, s[:])
-	c = crc32.Update(c, castagnoli, rec[0:4])
+	// The salt's 4 bytes by table, as crc32.Update would do them: a [4]byte
+	// passed to crc32.Update would escape, an allocation per record.
+	c := ^uint32(0)
+	for i := range 4 {
+		c = castagnoli[byte(c)^byte(salt>>(8*i))] ^ (c >> 8)
+	}
+	c = crc32.Update(^c, castagnoli, rec[0:4])
 	return crc32.Update(c, castagnoli, rec[recHeaderLen:])
 }
 

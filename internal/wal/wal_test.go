@@ -2,11 +2,14 @@ package wal
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -520,11 +523,12 @@ func TestBatchGrowKeepsOps(t *testing.T) {
 	}), "a Put into a grown batch allocates")
 }
 
-// awaitCohort keeps a group open until as many committers as recent groups
-// had are back (or reqs is closed), and never waits for a lone committer.
+// awaitCohort sleeps until as many committers as recent groups had are
+// queued again, woken by the one that completes the cohort; it never waits
+// for a lone committer, and stragglers that never come end the wait.
 func TestAwaitCohort(t *testing.T) {
 	newLog := func(cohort int, lastSync time.Duration) *Log {
-		l := &Log{reqs: make(chan *request, 16), opts: Options{SegmentSize: 1 << 20}}
+		l := &Log{reqs: make(chan *request, 16), cohortFull: make(chan struct{}, 1), opts: Options{SegmentSize: 1 << 20}}
 		l.w.cohort, l.w.lastSync = cohort, lastSync
 		return l
 	}
@@ -533,35 +537,105 @@ func TestAwaitCohort(t *testing.T) {
 	timer.Stop()
 
 	l := newLog(5, time.Hour)
-	for range 6 {
-		l.reqs <- &request{rec: make([]byte, 10)} // a CommitAsync does not count
-		l.reqs <- commit()
+	old := maxCohortWait
+	maxCohortWait = time.Hour // only the cohort can end this wait
+	returned := make(chan struct{})
+	go func() {
+		defer close(returned)
+		l.awaitCohort([]*request{commit()}, timer)
+	}()
+	for range 3 {
+		require.NoError(t, l.send(&request{rec: make([]byte, 10)})) // a CommitAsync does not count
+		require.NoError(t, l.send(commit()))
 	}
-	group := []*request{commit()}
-	require.True(t, l.awaitCohort(&group, timer))
-	assert.Len(t, l.reqs, 4, "what comes after the cohort is left for gather")
-	waiters := 0
-	for _, r := range group {
-		if r.done != nil {
-			waiters++
-		}
+	select {
+	case <-returned:
+		t.Fatal("awaitCohort returned with 3 of the 4 other committers queued")
+	case <-time.After(20 * time.Millisecond):
 	}
-	assert.Equal(t, 5, waiters, "the group waits for the five committers of recent groups")
+	require.NoError(t, l.send(commit()))
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the committer completing the cohort did not wake the writer")
+	}
+	maxCohortWait = old
+	assert.Len(t, l.reqs, 7, "the requests are left for gather")
+	assert.Zero(t, l.want.Load(), "the wait is over")
+
+	l = newLog(3, time.Hour) // the cohort is back before the wait: no sleep
+	require.NoError(t, l.send(commit()))
+	require.NoError(t, l.send(commit()))
+	l.awaitCohort([]*request{commit()}, timer)
 
 	l = newLog(1, time.Hour)
-	group = []*request{commit()}
-	require.True(t, l.awaitCohort(&group, timer))
-	assert.Len(t, group, 1, "a lone committer does not wait")
-
-	l = newLog(5, time.Hour)
-	l.reqs <- commit()
-	close(l.reqs)
-	group = []*request{commit()}
-	assert.False(t, l.awaitCohort(&group, timer), "a closed reqs ends the wait")
-	assert.Len(t, group, 2)
+	l.awaitCohort([]*request{commit()}, timer) // a lone committer does not wait
 
 	l = newLog(64, time.Millisecond) // stragglers that never come: the wait ends
-	group = []*request{commit()}
-	require.True(t, l.awaitCohort(&group, timer))
-	assert.Len(t, group, 1)
+	l.awaitCohort([]*request{commit()}, timer)
+}
+
+// recordCRC folds the salt in without crc32.Update (to save an allocation):
+// the result must be what the format specifies, the CRC-32C of the salt's 4
+// little-endian bytes, the length field and the body.
+func TestRecordCRCMatchesSpec(t *testing.T) {
+	rec := make([]byte, 64)
+	for i := range rec {
+		rec[i] = byte(i * 7)
+	}
+	for _, salt := range []uint32{0, 1, 0xdeadbeef, 0xffffffff, 0x80000000} {
+		spec := append(binary.LittleEndian.AppendUint32(nil, salt), rec[0:4]...)
+		spec = append(spec, rec[recHeaderLen:]...)
+		assert.Equal(t, crc32.Checksum(spec, castagnoli), recordCRC(salt, rec), "salt %#x", salt)
+	}
+	assert.Zero(t, testing.AllocsPerRun(100, func() { recordCRC(7, rec) }))
+}
+
+// CommitAsync batches wait in asyncOps, merged into records of at most
+// about limit bytes, in order; the first one asks for a wake-up, and the
+// caller is told to wait once more than behind bytes wait. take empties it.
+func TestAsyncOpsMerge(t *testing.T) {
+	a := &asyncOps{limit: 100, behind: 150}
+	rec := func(keys ...string) []byte {
+		var b Batch
+		for _, k := range keys {
+			b.Put([]byte(k), make([]byte, 20))
+		}
+		return slices.Clone(b.record())
+	}
+	ops := func(r []byte) (keys []string) {
+		sealRecord(r, 2, 1, 0) // decodeBody wants a seq above the watermark
+		d, err := decodeBody(r, nil)
+		require.NoError(t, err)
+		for _, o := range d.ops {
+			keys = append(keys, string(o.key))
+		}
+		return keys
+	}
+	var spare Batch
+	var got [][]string
+	collect := func(r []byte) error { got = append(got, ops(slices.Clone(r))); return nil }
+
+	wake, behind := a.add(rec("a"))
+	assert.True(t, wake, "the first batch asks for the writer")
+	assert.False(t, behind)
+	wake, _ = a.add(rec("b", "c"))
+	assert.False(t, wake, "a request is already on its way")
+	require.NoError(t, a.take(&spare, collect))
+	assert.Equal(t, [][]string{{"a", "b", "c"}}, got, "two batches, one record, in order")
+	assert.False(t, a.queued)
+
+	got = nil
+	wake, _ = a.add(rec("d", "e")) // 2 ops of 23 bytes: 46 bytes of body
+	assert.True(t, wake, "after a take, the next batch asks again")
+	_, behind = a.add(rec("f", "g")) // 92 bytes would pass the limit: a new record
+	assert.False(t, behind)
+	_, behind = a.add(rec("h", "i", "j"))
+	assert.True(t, behind, "more than 150 bytes wait")
+	require.NoError(t, a.take(&spare, collect))
+	assert.Equal(t, [][]string{{"d", "e"}, {"f", "g"}, {"h", "i", "j"}}, got)
+
+	got = nil
+	require.NoError(t, a.take(&spare, collect))
+	assert.Empty(t, got, "nothing waits")
 }

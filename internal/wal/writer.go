@@ -16,6 +16,7 @@ type writer struct {
 	written uint64       // seq of the last record written to the file
 	synced  uint64       // seq of the last record an fdatasync has covered
 	rbuf    []byte       // compaction's read buffer
+	spare   Batch        // swapped with the CommitAsync buffer (see asyncOps.take)
 	ops     []op
 
 	cohort   int           // committers that recent syncs answered (see awaitCohort)
@@ -32,8 +33,9 @@ type pendingRec struct {
 	compaction bool
 }
 
-// maxCohortWait bounds awaitCohort's wait, whatever an fdatasync takes.
-const maxCohortWait = 2 * time.Millisecond
+// maxCohortWait bounds awaitCohort's wait, whatever an fdatasync takes. A
+// variable for tests.
+var maxCohortWait = 2 * time.Millisecond
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
@@ -65,11 +67,10 @@ func (l *Log) run() {
 				l.finish()
 				return
 			}
+			l.received(r)
 			group = append(group[:0], r)
-			open := l.awaitCohort(&group, cohort)
-			if open {
-				open = l.gather(&group)
-			}
+			l.awaitCohort(group, cohort)
+			open := l.gather(&group)
 			l.process(group)
 			clear(group)
 			if !open {
@@ -97,43 +98,46 @@ func (l *Log) run() {
 	}
 }
 
-// awaitCohort adds to group, which holds one request, the committers of the
-// last synced groups as they come back, for at most about two fdatasyncs, and
-// reports false if reqs is closed. Without it, the committers answered by a
-// sync come back while the next group is being synced, and the log settles
-// into two half-size groups taking turns, each waiting a whole sync for the
-// other; waiting for them makes one group of all of them, which carries
-// nearly twice as much per sync at high concurrency. A lone committer never
-// waits; after the concurrency drops, the wait shrinks with it.
-func (l *Log) awaitCohort(group *[]*request, timer *time.Timer) bool {
-	want := l.w.cohort
-	if want <= 1 {
-		return true
+// awaitCohort waits, for at most about two fdatasyncs, until the committers
+// of the last synced groups are queued again, so that gather makes one group
+// of them. Without it, the committers answered by a sync come back while the
+// next group is being synced, and the log settles into two half-size groups
+// taking turns, each waiting a whole sync for the other; waiting for them
+// makes one group of all of them, which carries nearly twice as much per sync
+// at high concurrency. A lone committer never waits; after the concurrency
+// drops, the wait shrinks with it. group holds the one request received.
+//
+// The writer sleeps through the wait and is woken once, by the committer that
+// completes the cohort (see send), not once per request.
+func (l *Log) awaitCohort(group []*request, timer *time.Timer) {
+	need := l.w.cohort
+	if group[0].done != nil {
+		need--
 	}
-	waiters := 0
-	if (*group)[0].done != nil {
-		waiters++
+	if need <= 0 {
+		return
 	}
-	limit := int(min(maxGroupBytes, l.opts.SegmentSize))
-	size := len((*group)[0].rec)
-	timer.Reset(min(2*l.w.lastSync, maxCohortWait))
-	defer timer.Stop()
-	for waiters < want && len(*group) < maxGroup && size < limit {
+	select { // a signal left from an earlier wait
+	case <-l.cohortFull:
+	default:
+	}
+	l.want.Store(int32(min(need, reqQueueLen)))
+	if l.waiting.Load() < int32(need) {
+		timer.Reset(min(2*l.w.lastSync, maxCohortWait))
 		select {
-		case r, ok := <-l.reqs:
-			if !ok {
-				return false
-			}
-			*group = append(*group, r)
-			size += len(r.rec)
-			if r.done != nil {
-				waiters++
-			}
+		case <-l.cohortFull:
 		case <-timer.C:
-			return true
 		}
+		timer.Stop()
 	}
-	return true
+	l.want.Store(0)
+}
+
+// received accounts for a request the writer took from reqs.
+func (l *Log) received(r *request) {
+	if r.done != nil {
+		l.waiting.Add(-1)
+	}
 }
 
 // gather adds the requests already queued to group, up to maxGroup requests
@@ -150,6 +154,7 @@ func (l *Log) gather(group *[]*request) bool {
 			if !ok {
 				return false
 			}
+			l.received(r)
 			*group = append(*group, r)
 			size += len(r.rec)
 		default:
@@ -173,8 +178,14 @@ func (l *Log) process(group []*request) {
 }
 
 func (l *Log) writeGroup(group []*request) error {
-	needSync := false
+	// CommitAsync batches first: those ordered before a request of the group
+	// was sent are among them (see asyncOps).
+	if err := l.async.take(&l.w.spare, func(rec []byte) error { return l.appendRecord(rec, false) }); err != nil {
+		return l.fail(err)
+	}
+	needSync, waiters := false, false
 	for _, r := range group {
+		waiters = waiters || r.done != nil
 		if r.rec != nil {
 			if err := l.appendRecord(r.rec, false); err != nil {
 				return l.fail(err)
@@ -199,7 +210,9 @@ func (l *Log) writeGroup(group []*request) error {
 		l.w.cohort = max(n, l.w.cohort-l.w.cohort/8)
 		return l.syncHead()
 	}
-	l.w.cohort = 0
+	if waiters { // no sync for them to share (SyncInterval): nothing to wait for
+		l.w.cohort = 0
+	}
 	return nil
 }
 
@@ -328,6 +341,10 @@ func (l *Log) fail(err error) error {
 // finish is the writer's last act: write and sync what is left.
 func (l *Log) finish() {
 	if l.failure() != nil {
+		return
+	}
+	if err := l.async.take(&l.w.spare, func(rec []byte) error { return l.appendRecord(rec, false) }); err != nil {
+		l.fail(err)
 		return
 	}
 	if err := l.flush(); err != nil {
