@@ -136,11 +136,41 @@ func (q *queue) process(ctx context.Context, e *entry, m *Msg) (err error) {
 	default:
 		err = q.consumer.fn(ctx, m)
 	}
-	returned = true
-	if err != nil && isNil(err) {
-		err = fmt.Errorf("%w: the consumer returned a nil %T", ErrTypedNil, err)
+	if err != nil {
+		err = freeze(err) // still guarded: its methods may call Goexit too
 	}
+	returned = true
 	return err
+}
+
+// freeze returns what the MQ keeps of a consumer's error: a typed nil
+// becomes [ErrTypedNil], and any other error a [consumerError] holding what
+// its methods said, asked once here, so that settling, logging and
+// dead-lettering never run the consumer's code again (outside process, a
+// Goexit in it would end the worker mid-settle).
+func freeze(err error) error {
+	if isNil(err) {
+		return fmt.Errorf("%w: the consumer returned a nil %T", ErrTypedNil, err)
+	}
+	return &consumerError{text: errorText(err), permanent: safeIs(err, ErrPermanent), panic: panicOf(err)}
+}
+
+// consumerError is a consumer's error as the MQ keeps it (see freeze).
+type consumerError struct {
+	text      string
+	permanent bool        // it wraps ErrPermanent
+	panic     *PanicError // the one it wraps, if any
+}
+
+func (e *consumerError) Error() string { return e.text }
+
+func (e *consumerError) Is(target error) bool { return target == ErrPermanent && e.permanent }
+
+func (e *consumerError) Unwrap() error {
+	if e.panic == nil {
+		return nil
+	}
+	return e.panic
 }
 
 // isNil reports whether err is a non-nil interface holding a nil pointer (or

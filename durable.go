@@ -229,43 +229,64 @@ func cmpInt64(a, b int64) int {
 // reserves idBlock IDs at a time, and the next block once half of the current
 // one is used, by one publisher while the others go on; a publisher blocks
 // for the commit only when the IDs run out before that reservation is done.
-func (m *MQ) reserveIDs(ex *exchange, id uint64) error {
+//
+// With b, the batch of a message about to be committed, the reservation ahead
+// joins b instead of costing a commit (and a publisher a whole sync) of its
+// own: then done must be called once b's commit returned, with its outcome.
+func (m *MQ) reserveIDs(ex *exchange, id uint64, b *wal.Batch) (done func(committed bool), err error) {
 	d := m.dur
 	if d == nil {
-		return nil
+		return noReserve, nil
 	}
 	if r := ex.reserved.Load(); id <= r {
-		if r-id < idBlock/2 && ex.reserveMu.TryLock() {
-			// Running low: reserve ahead. A failure is not this publish's
-			// (its ID is reserved); the publish that needs the IDs reports it.
-			if ex.reserved.Load() == r {
-				_ = m.commitReserved(ex, r+idBlock)
-			}
-			ex.reserveMu.Unlock()
+		if r-id >= idBlock/2 || !ex.reserveMu.TryLock() {
+			return noReserve, nil
 		}
-		return nil
+		// Running low: reserve ahead. A failure is not this publish's (its
+		// ID is reserved); the publish that needs the IDs reports it.
+		if ex.reserved.Load() != r {
+			ex.reserveMu.Unlock()
+			return noReserve, nil
+		}
+		if b != nil {
+			putReserved(b, ex, r+idBlock)
+			return func(committed bool) {
+				if committed {
+					ex.reserved.Store(r + idBlock)
+				}
+				ex.reserveMu.Unlock()
+			}, nil
+		}
+		_ = m.commitReserved(ex, r+idBlock)
+		ex.reserveMu.Unlock()
+		return noReserve, nil
 	}
 	ex.reserveMu.Lock()
 	defer ex.reserveMu.Unlock()
 	if id <= ex.reserved.Load() {
-		return nil
+		return noReserve, nil
 	}
-	return m.commitReserved(ex, id+idBlock)
+	return noReserve, m.commitReserved(ex, id+idBlock)
+}
+
+func noReserve(bool) {}
+
+func putReserved(b *wal.Batch, ex *exchange, next uint64) {
+	var buf [binary.MaxVarintLen64]byte
+	b.Put([]byte("x/"+ex.name), binary.AppendUvarint(buf[:0], next))
 }
 
 // commitReserved records that ex's IDs up to next are reserved. The caller
 // holds ex.reserveMu.
 func (m *MQ) commitReserved(ex *exchange, next uint64) error {
 	var b wal.Batch
-	b.Put([]byte("x/"+ex.name), binaryUvarint(next))
+	putReserved(&b, ex, next)
 	if err := m.dur.log.Commit(&b); err != nil {
 		return fmt.Errorf("%w: reserving message IDs: %w", ErrLog, err)
 	}
 	ex.reserved.Store(next)
 	return nil
 }
-
-func binaryUvarint(n uint64) []byte { return binary.AppendUvarint(nil, n) }
 
 // encodeData encodes a published value with the MQ's codec. Data that is
 // already an Encoded (a dead letter of a durable queue) keeps its bytes. The

@@ -111,7 +111,8 @@ func (s *storedMsg) appendTo(b []byte) []byte {
 		b = appendString(b, d.LastError)
 		b = binary.AppendVarint(b, d.Time.UnixNano())
 	}
-	b = appendString(b, string(s.body))
+	b = binary.AppendUvarint(b, uint64(len(s.body))) // as appendString, without a copy into a string
+	b = append(b, s.body...)
 	b = binary.AppendUvarint(b, uint64(len(s.queues)))
 	for _, q := range s.queues {
 		b = appendString(b, q)

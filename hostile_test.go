@@ -422,6 +422,32 @@ var scenarios = map[string]func(t *testing.T){
 		assert.Equal(t, uint64(20), st.Succeeded)
 		assert.Equal(t, uint64(10), st.Dropped)
 	},
+	"consumer's error calls runtime.Goexit from Error, Is or Unwrap": func(t *testing.T) {
+		m := tinymq.New()
+		var delivered atomic.Int32
+		dead := make(chan *tinymq.Msg, 30)
+		require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, sink(dead), 1))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			delivered.Add(1)
+			if msg.Data.(int)%3 == 0 {
+				return goexitError{}
+			}
+			return nil
+		}, 2, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""), tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 1})))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 30 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		for _, d := range recv(t, dead, 10) {
+			assert.Contains(t, d.Deaths[0].LastError, tinymq.ErrGoexit.Error())
+		}
+		m.Stop()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, int32(30), delivered.Load(), "the queue keeps its workers")
+		assert.Equal(t, uint64(10), st.Failed)
+		assert.Equal(t, uint64(20), st.Succeeded)
+		assert.Equal(t, uint64(10), st.DeadLettered, "every failed message is settled")
+	},
 	"consumer publishes, registers and reads Stats": func(t *testing.T) {
 		m := tinymq.New()
 		got := make(chan *tinymq.Msg, 100)
@@ -695,3 +721,10 @@ func torture(t *testing.T, seed uint64) {
 	assert.Equal(t, dead.Accepted, dead.Succeeded+dead.Undelivered)
 	assert.Equal(t, s.Exchanges["dlx"].Published, dead.Accepted)
 }
+
+// goexitError is an error whose every method ends the calling goroutine.
+type goexitError struct{}
+
+func (goexitError) Error() string { runtime.Goexit(); return "" }
+func (goexitError) Is(error) bool { runtime.Goexit(); return false }
+func (goexitError) Unwrap() error { runtime.Goexit(); return nil }

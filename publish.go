@@ -385,9 +385,15 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 		return nil
 	}
 	d := m.dur // durable queues exist only once the log is open
-	if err := m.reserveIDs(ex, id); err != nil {
+	sc := getScratch()
+	defer putScratch(sc)
+	b := &sc.b
+	reserved, err := m.reserveIDs(ex, id, b)
+	if err != nil {
 		return err
 	}
+	committed := false
+	defer func() { reserved(committed) }()
 	body := pc.encoded
 	if body == nil {
 		var err error
@@ -412,10 +418,7 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 			dm.ext().dkey = key
 		}
 	}
-	sc := getScratch()
-	defer putScratch(sc)
 	sc.val = rec.appendTo(sc.val)
-	b := &sc.b
 	b.Grow(len(kb) + len(sc.val) + 2*binary.MaxVarintLen32)
 	b.Put(kb, sc.val)
 	if dl != nil && dl.src != nil {
@@ -439,6 +442,7 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 		}
 		return fmt.Errorf("%w: %w", ErrLog, err)
 	}
+	committed = true
 	return nil
 }
 
@@ -507,7 +511,7 @@ func (m *MQ) reserveIDsIfLogged(ex *exchange, id uint64) {
 	if m.dur == nil {
 		return
 	}
-	if err := m.reserveIDs(ex, id); err != nil {
+	if _, err := m.reserveIDs(ex, id, nil); err != nil {
 		m.logAttrs(slog.LevelError, "tinymq: message IDs may repeat after a restart", func(a []slog.Attr) []slog.Attr {
 			return append(a, slog.String("exchange", ex.name), slog.String("err", err.Error()))
 		})

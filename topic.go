@@ -79,33 +79,85 @@ func (t *topicTrie) add(key string, q *queue) bool {
 
 // match appends to dst every queue bound with a key that matches key; a queue
 // bound with several matching keys may be appended more than once.
+//
+// A plain walk of the trie can take time exponential in the number of "#"
+// words of a binding ("#.a.#.a.#.b" against "a.a.a.a...": every way of
+// splitting the key between the "#"s is tried). The walk reaches the same
+// node at the same word many times then, and each time it appends the same
+// queues; so past a budget of steps, proportional to the key's length, it
+// starts over remembering the (node, word) pairs it has been at, and never
+// repeats one: at most nodes x words steps, whatever the bindings.
 func (t *topicTrie) match(key string, dst []*queue) []*queue {
-	return t.root.match(key, key != "", dst)
+	w := topicWalk{key: key, budget: 64 + 8*len(key)} // at least 16 per word
+	if out, ok := w.match(&t.root, key, key != "", dst); ok {
+		return out
+	}
+	return t.matchOnce(key, dst)
+}
+
+// matchOnce is match remembering every (node, word) visited from the start.
+func (t *topicTrie) matchOnce(key string, dst []*queue) []*queue {
+	w := topicWalk{key: key, seen: make(map[topicVisit]struct{})}
+	dst, _ = w.match(&t.root, key, key != "", dst)
+	return dst
+}
+
+// topicWalk is one match of a routing key.
+type topicWalk struct {
+	key    string
+	budget int                     // steps left before the walk gives up (while seen is nil)
+	seen   map[topicVisit]struct{} // the pairs visited, once the budget ran out
+}
+
+// topicVisit is a node reached with the words of key from pos on left (and
+// more as in match).
+type topicVisit struct {
+	n    *topicNode
+	pos  int
+	more bool
 }
 
 // match matches the words left in rest (none when more is false) against the
-// sub-trie at n.
-func (n *topicNode) match(rest string, more bool, dst []*queue) []*queue {
+// sub-trie at n. It reports false if it ran out of budget (dst is then
+// incomplete).
+func (w *topicWalk) match(n *topicNode, rest string, more bool, dst []*queue) ([]*queue, bool) {
+	if w.seen == nil {
+		if w.budget--; w.budget < 0 {
+			return dst, false
+		}
+	} else {
+		v := topicVisit{n, len(w.key) - len(rest), more}
+		if _, ok := w.seen[v]; ok {
+			return dst, true // its queues are in dst already
+		}
+		w.seen[v] = struct{}{}
+	}
+	ok := true
 	if n.hash != nil {
 		// "#" takes zero words, then one more at a time.
 		r, m := rest, more
-		for {
-			dst = n.hash.match(r, m, dst)
+		for ok {
+			dst, ok = w.match(n.hash, r, m, dst)
 			if !m {
 				break
 			}
 			_, r, m = nextWord(r)
 		}
 	}
-	if !more {
-		return append(dst, n.queues...)
+	if !ok {
+		return dst, false
 	}
-	w, tail, tailMore := nextWord(rest)
-	if c := n.children[w]; c != nil {
-		dst = c.match(tail, tailMore, dst)
+	if !more {
+		return append(dst, n.queues...), true
+	}
+	word, tail, tailMore := nextWord(rest)
+	if c := n.children[word]; c != nil {
+		if dst, ok = w.match(c, tail, tailMore, dst); !ok {
+			return dst, false
+		}
 	}
 	if n.star != nil {
-		dst = n.star.match(tail, tailMore, dst)
+		dst, ok = w.match(n.star, tail, tailMore, dst)
 	}
-	return dst
+	return dst, ok
 }

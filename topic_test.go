@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // words splits a topic key as RabbitMQ does: "" has no words.
@@ -72,7 +73,43 @@ func FuzzTopicMatch(f *testing.F) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("patterns %q, key %q: trie matched queues %v, reference %v", ps, key, got, want)
 		}
+		got = got[:0]
+		for _, q := range dedupe(trie.matchOnce(key, nil), 0) {
+			got = append(got, q.id)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("patterns %q, key %q: the remembering walk matched queues %v, reference %v", ps, key, got, want)
+		}
 	})
+}
+
+// Bindings with many "#" words against a long key of repeated words: a plain
+// walk tries every way of splitting the key between the "#"s (here about
+// C(60,9), 10^10 paths) and would not finish; match must switch to its
+// remembering walk and return in about nodes x words steps.
+func TestTopicMatchAdversarialBindingsStayPolynomial(t *testing.T) {
+	var trie topicTrie
+	hostile := &queue{id: 1}
+	trie.add(strings.Repeat("#.a.", 9)+"#.b", hostile)
+	trie.add(strings.Repeat("#.a.", 9)+"#", &queue{id: 2})
+	trie.add("*.#.*.#.*.#.*.#.*.#.*.#.*.#", &queue{id: 3})
+	key := strings.Repeat("a.", 59) + "a"
+	done := make(chan []*queue, 1)
+	go func() { done <- dedupe(trie.match(key, nil), 0) }()
+	select {
+	case got := <-done:
+		ids := []int{}
+		for _, q := range got {
+			ids = append(ids, q.id)
+		}
+		slices.Sort(ids)
+		if !slices.Equal(ids, []int{2, 3}) {
+			t.Fatalf("matched %v, want [2 3]", ids)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("topic match did not return: exponential walk")
+	}
 }
 
 // BenchmarkTopicMatch measures routing alone, through a trie of 10 and of
