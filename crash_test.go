@@ -44,8 +44,9 @@ func TestCrashChild(t *testing.T) {
 	}
 	defer tinymq.SetWALFaults(&wal.Faults{Synced: func(name string, size int64) { say("Y %s %d", name, size) }})()
 	base, _ := strconv.Atoi(os.Getenv("TINYMQ_CRASH_BASE"))
+	every, _ := time.ParseDuration(os.Getenv("TINYMQ_CRASH_SYNC")) // 0 unless set: the default policy
 	var delivered atomic.Int64
-	m := tinymq.New(tinymq.WithDataDir(dir))
+	m := tinymq.New(tinymq.WithDataDir(dir), tinymq.WithSync(every))
 	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, tinymq.Handler(func(_ context.Context, n int) error {
 		delivered.Add(1)
 		say("D %d", n)
@@ -81,23 +82,52 @@ func TestCrashChild(t *testing.T) {
 // acknowledgement was synced is delivered again. With power loss, each kill
 // also cuts every segment back to what its last fdatasync made durable, as a
 // machine that lost power would.
+//
+// Under WithSync(d), Publish returns before the sync: a kill of the process
+// must still lose nothing (the writes are in the operating system), and a
+// power loss may lose only what no fdatasync covered yet; what one covered
+// (a "Y" line printed after the "P" or "S" line) must survive. That the
+// background sync runs at all is checked too: some messages must have been
+// covered by one, since nothing else syncs.
 func TestCrash(t *testing.T) {
 	if testing.Short() {
-		t.Skip("kills processes for about a minute")
+		t.Skip("kills processes for about a minute and a half")
 	}
-	for _, powerLoss := range []bool{false, true} {
-		t.Run(fmt.Sprint("power loss ", powerLoss), func(t *testing.T) {
-			crashCycles(t, powerLoss, 150, 40*time.Second)
+	for _, c := range []struct {
+		powerLoss bool
+		every     time.Duration
+		cycles    int
+		budget    time.Duration
+	}{
+		{false, 0, 150, 40 * time.Second},
+		{true, 0, 150, 40 * time.Second},
+		{false, 20 * time.Millisecond, 60, 15 * time.Second},
+		{true, 20 * time.Millisecond, 60, 15 * time.Second},
+	} {
+		t.Run(fmt.Sprintf("power loss %v/sync every %v", c.powerLoss, c.every), func(t *testing.T) {
+			crashCycles(t, crashMode{powerLoss: c.powerLoss, every: c.every}, c.cycles, c.budget)
 		})
 	}
 }
+
+// crashMode is how TestCrash kills: with or without a power loss, and the
+// child's WithSync interval (0: the default, a sync before Publish returns).
+type crashMode struct {
+	powerLoss bool
+	every     time.Duration
+}
+
+// coveredBySync reports whether a confirmation counts only once an fdatasync
+// follows it: under a sync interval, with a power loss.
+func (c crashMode) coveredBySync() bool { return c.powerLoss && c.every > 0 }
 
 type crashRun struct {
 	delivered []int // in order
 	safe      int   // the first safe deliveries are acknowledged and synced
 }
 
-func crashCycles(t *testing.T, powerLoss bool, cycles int, budget time.Duration) {
+func crashCycles(t *testing.T, mode crashMode, cycles int, budget time.Duration) {
+	powerLoss := mode.powerLoss
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	confirmed := map[int]bool{}
@@ -114,17 +144,18 @@ func crashCycles(t *testing.T, powerLoss bool, cycles int, budget time.Duration)
 				}
 			}
 		}
-		out := runCrashChild(t, dir, n*1_000_000, time.Duration(5+rng.IntN(150))*time.Millisecond, false)
-		runs = append(runs, parseCrashRun(out, confirmed, synced))
+		out := runCrashChild(t, dir, mode, n*1_000_000, time.Duration(5+rng.IntN(150))*time.Millisecond, false)
+		runs = append(runs, parseCrashRun(out, mode, confirmed, synced))
 		if powerLoss {
 			cutToSynced(t, dir, synced)
 		}
 		clear(synced)
 	}
-	out := runCrashChild(t, dir, 0, 0, true)
+	out := runCrashChild(t, dir, mode, 0, 0, true)
 	require.Contains(t, out, "END", "the draining run finished")
-	runs = append(runs, parseCrashRun(out, confirmed, nil))
+	runs = append(runs, parseCrashRun(out, mode, confirmed, nil))
 	t.Logf("%d kills, %d confirmed messages", n, len(confirmed))
+	require.NotEmpty(t, confirmed, "no confirmation counted: under a sync interval, the background sync never ran")
 
 	seen := map[int]bool{}
 	for _, r := range runs {
@@ -155,10 +186,11 @@ func crashCycles(t *testing.T, powerLoss bool, cycles int, budget time.Duration)
 
 // runCrashChild runs TestCrashChild on dir and kills it after life, or, with
 // drain, lets it finish (bounded by a minute). It returns what it printed.
-func runCrashChild(t *testing.T, dir string, base int, life time.Duration, drain bool) string {
+func runCrashChild(t *testing.T, dir string, mode crashMode, base int, life time.Duration, drain bool) string {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashEnv+"="+dir, "TINYMQ_CRASH_BASE="+strconv.Itoa(base))
+	cmd.Env = append(os.Environ(), crashEnv+"="+dir, "TINYMQ_CRASH_BASE="+strconv.Itoa(base),
+		"TINYMQ_CRASH_SYNC="+mode.every.String())
 	if drain {
 		cmd.Env = append(cmd.Env, "TINYMQ_CRASH_DRAIN=1")
 		life = time.Minute
@@ -184,8 +216,13 @@ func runCrashChild(t *testing.T, dir string, base int, life time.Duration, drain
 	return buf.String()
 }
 
-func parseCrashRun(out string, confirmed map[int]bool, synced map[string]int64) crashRun {
+// parseCrashRun reads a child's output. A "P" (confirmed) or "S" (safe)
+// line counts at once, or, when mode.coveredBySync, once a "Y" line (an
+// fdatasync) follows it.
+func parseCrashRun(out string, mode crashMode, confirmed map[int]bool, synced map[string]int64) crashRun {
 	var r crashRun
+	var pending []int // confirmations waiting for a sync
+	pendingSafe := 0
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -195,12 +232,25 @@ func parseCrashRun(out string, confirmed map[int]bool, synced map[string]int64) 
 		n, _ := strconv.Atoi(f[1])
 		switch f[0] {
 		case "P":
-			confirmed[n] = true
+			if mode.coveredBySync() && synced != nil {
+				pending = append(pending, n)
+			} else {
+				confirmed[n] = true
+			}
 		case "D":
 			r.delivered = append(r.delivered, n)
 		case "S":
-			r.safe = max(r.safe, n)
+			if mode.coveredBySync() && synced != nil {
+				pendingSafe = max(pendingSafe, n)
+			} else {
+				r.safe = max(r.safe, n)
+			}
 		case "Y":
+			for _, p := range pending {
+				confirmed[p] = true
+			}
+			pending = pending[:0]
+			r.safe = max(r.safe, pendingSafe)
 			if synced != nil && len(f) == 3 {
 				size, _ := strconv.ParseInt(f[2], 10, 64)
 				synced[f[1]] = size
