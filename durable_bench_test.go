@@ -23,8 +23,12 @@ import (
 // reports msgs/s and the p99 latency of one publish, in a steady state (after
 // the same warm-up for each). 256-byte payloads.
 //
-//	go test -run '^$' -bench DurablePublish -benchtime 20000x -count 9 . | tee durable.txt
+//	go test -c -o durable.test .
+//	for i in $(seq 9); do ./durable.test -test.run '^$' -test.bench DurablePublish -test.benchtime 20000x; done | tee durable.txt
 //	benchstat -col /impl durable.txt
+//
+// (A loop rather than -count 9, which would run each system 9 times in a row:
+// on a shared machine, only alternating runs compare.)
 func BenchmarkDurablePublish(b *testing.B) {
 	payload := make([]byte, 256)
 	for _, publishers := range []int{1, 8, 64, 256} {
