@@ -120,7 +120,7 @@ func (q *queue) process(ctx context.Context, e *entry, m *Msg) (err error) {
 			return
 		}
 		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: debug.Stack()}
+			err = freezeAside(&PanicError{Value: r, Stack: debug.Stack()})
 			return
 		}
 		if m == nil {
@@ -152,14 +152,47 @@ func freeze(err error) error {
 	if isNil(err) {
 		return fmt.Errorf("%w: the consumer returned a nil %T", ErrTypedNil, err)
 	}
-	return &consumerError{text: errorText(err), permanent: safeIs(err, ErrPermanent), panic: panicOf(err)}
+	ce := &consumerError{text: errorText(err), permanent: safeIs(err, ErrPermanent)}
+	if pe := panicOf(err); pe != nil { // keep its text, not the consumer's value
+		ce.panic = &PanicError{Value: valueText(pe.Value), Stack: pe.Stack}
+	}
+	return ce
 }
 
-// consumerError is a consumer's error as the MQ keeps it (see freeze).
+// freezeAside is freeze for the error a recovered panic became, on a
+// goroutine of its own: the panic value's methods are the consumer's code,
+// and process's guard is spent once it recovered, so a runtime.Goexit in
+// them must end another goroutine than the worker.
+func freezeAside(err error) error {
+	done := make(chan error, 1)
+	go func() {
+		frozen := error(&consumerError{text: "tinymq: panic (its value's methods called runtime.Goexit)",
+			panic: &PanicError{Value: "(a value whose methods called runtime.Goexit)"}})
+		defer func() {
+			_ = recover() // freeze recovers its own calls; this is a last guard
+			done <- frozen
+		}()
+		frozen = freeze(err)
+	}()
+	return <-done
+}
+
+// valueText is fmt.Sprint(v), or a description if v's methods panic.
+func valueText(v any) (s string) {
+	defer func() {
+		if r := recover(); r != nil {
+			s = fmt.Sprintf("%T (its methods panicked: %v)", v, r)
+		}
+	}()
+	return fmt.Sprint(v)
+}
+
+// consumerError is a consumer's error as the MQ keeps it (see freeze): none
+// of its methods reach the consumer's code.
 type consumerError struct {
 	text      string
 	permanent bool        // it wraps ErrPermanent
-	panic     *PanicError // the one it wraps, if any
+	panic     *PanicError // a copy of the one it wraps, if any, with the value's text as Value
 }
 
 func (e *consumerError) Error() string { return e.text }

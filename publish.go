@@ -385,6 +385,13 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 		return nil
 	}
 	d := m.dur // durable queues exist only once the log is open
+	body := pc.encoded
+	if body == nil { // before reserveIDs, which may hold ex.reserveMu until the commit: the codec is user code
+		var err error
+		if body, err = encodeData(d.codec, data); err != nil {
+			return err
+		}
+	}
 	sc := getScratch()
 	defer putScratch(sc)
 	b := &sc.b
@@ -394,13 +401,6 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 	}
 	committed := false
 	defer func() { reserved(committed) }()
-	body := pc.encoded
-	if body == nil {
-		var err error
-		if body, err = encodeData(d.codec, data); err != nil {
-			return err
-		}
-	}
 	var kbuf [64]byte
 	kb := appendMsgKey(kbuf[:0], ex.name, id)
 	key := string(kb)

@@ -276,8 +276,9 @@ func (l *Log) CommitAsync(b *Batch) error {
 		r := reqPool.Get().(*request)
 		r.rec, r.sync = nil, false
 		l.enqueue(r)
-		<-r.done
+		err := <-r.done
 		reqPool.Put(r)
+		return err
 	} else if wake {
 		l.enqueue(&request{})
 	}

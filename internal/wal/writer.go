@@ -205,9 +205,9 @@ func (l *Log) writeGroup(group []*request) error {
 			}
 		}
 		// The concurrency seen lately, decaying when it drops (to 1 in about
-		// 25 groups from 64), so that a few stragglers do not shrink the
-		// groups that follow.
-		l.w.cohort = max(n, l.w.cohort-l.w.cohort/8)
+		// 25 groups from 64, by at least 1 a group), so that a few stragglers
+		// do not shrink the groups that follow.
+		l.w.cohort = max(n, l.w.cohort-(l.w.cohort+7)/8)
 		return l.syncHead()
 	}
 	if waiters { // no sync for them to share (SyncInterval): nothing to wait for
@@ -416,21 +416,25 @@ func (l *Log) removeOldest() error {
 }
 
 // shouldCompact says whether the oldest segment s is worth rewriting: its
-// live values take less than a quarter of it, or the directory is more than
-// twice the live data (plus two segments of slack) and rewriting s frees at
-// least half of it.
+// live values take less than a quarter of it and a newer segment than the
+// head's predecessor exists (right after a roll, the last messages of the
+// segment before the head are often still being acknowledged: rewriting them
+// would be wasted), or the directory is more than twice the live data plus
+// two segments. Then s is rewritten whatever it holds, since only removing
+// the oldest segment frees the dead ones behind it: a backlog in the oldest
+// segment must not pin the whole directory.
 func (l *Log) shouldCompact(s *segment) bool {
 	if s.id == l.w.noCompact {
 		return false
 	}
-	if s.liveBytes*4 < s.size {
+	if s.liveBytes*4 < s.size && len(l.segs) > 2 {
 		return true
 	}
 	var disk int64
 	for _, seg := range l.segs {
 		disk += seg.size
 	}
-	return disk > 2*l.liveBytes+2*l.opts.SegmentSize && s.liveBytes*2 < s.size
+	return disk > 2*l.liveBytes+2*l.opts.SegmentSize
 }
 
 // compactStep reads up to a budget of records of the oldest segment and
