@@ -449,27 +449,46 @@ func (l *Log) compactStep() error {
 	budget := min(max(l.opts.SegmentSize/4, 64<<10), 1<<20)
 	b := &l.w.cbatch
 	b.Reset()
-	for read := int64(0); l.w.compactOff < s.size && read < budget; {
-		buf, rec, n, err := readRecord(s.f, l.w.compactOff, s.size, s.salt, l.w.rbuf, l.w.ops)
-		l.w.rbuf, l.w.ops = buf, rec.ops
+	// One read of up to budget bytes, decoded record by record: a record cut
+	// by the end of the chunk is left for the next step, and one larger than
+	// the chunk is read on its own.
+	chunk := min(budget, s.size-l.w.compactOff)
+	if int64(cap(l.w.rbuf)) < chunk {
+		l.w.rbuf = make([]byte, chunk)
+	}
+	buf := l.w.rbuf[:chunk]
+	if err := readFull(s.f, buf, l.w.compactOff); err != nil {
+		return fmt.Errorf("compaction: read %s at offset %d: %w", s.path, l.w.compactOff, err)
+	}
+	pos := 0
+	for pos < len(buf) {
+		recOff := l.w.compactOff + int64(pos)
+		rec, n, err := decodeRecord(buf[pos:], s.salt, l.w.ops)
+		if errors.Is(err, errShort) {
+			if pos > 0 {
+				break // the rest of it in the next step
+			}
+			_, rec, n, err = readRecord(s.f, recOff, s.size, s.salt, nil, l.w.ops)
+		}
 		if err != nil {
 			if ioErr := (*ioError)(nil); errors.As(err, &ioErr) {
 				err = ioErr.err
 			}
-			return fmt.Errorf("compaction: read %s at offset %d: %w", s.path, l.w.compactOff, err)
+			return fmt.Errorf("compaction: read %s at offset %d: %w", s.path, recOff, err)
 		}
+		l.w.ops = rec.ops
 		for _, o := range rec.ops {
 			if o.kind != opPut {
 				continue
 			}
 			lc, ok := l.index[string(o.key)]
-			if ok && lc.seg == s.id && lc.off == l.w.compactOff+int64(o.valOff) {
-				b.Put(o.key, o.val)
+			if ok && lc.seg == s.id && lc.off == recOff+int64(o.valOff) {
+				b.Put(o.key, o.val) // copies: rec aliases buf
 			}
 		}
-		l.w.compactOff += int64(n)
-		read += int64(n)
+		pos += n
 	}
+	l.w.compactOff += int64(pos)
 	if b.Len() > 0 {
 		if err := l.appendRecord(b.record(), true); err != nil {
 			return err
