@@ -19,8 +19,9 @@ type writer struct {
 	spare   Batch        // swapped with the CommitAsync buffer (see asyncOps.take)
 	ops     []op
 
-	cohort   int           // committers that recent syncs answered (see awaitCohort)
-	lastSync time.Duration // how long the last fdatasync took
+	cohort       int           // committers that recent syncs answered (see awaitCohort)
+	cohortMissed bool          // the last wait for them ended at its timer
+	lastSync     time.Duration // how long the last fdatasync took
 
 	compactID  uint64 // segment being compacted, and how far
 	compactOff int64
@@ -105,7 +106,8 @@ func (l *Log) run() {
 // taking turns, each waiting a whole sync for the other; waiting for them
 // makes one group of all of them, which carries nearly twice as much per sync
 // at high concurrency. A lone committer never waits; after the concurrency
-// drops, the wait shrinks with it. group holds the one request received.
+// drops, one wait ends at its timer and the next ones wait only for those
+// that came (see writeGroup). group holds the one request received.
 //
 // The writer sleeps through the wait and is woken once, by the committer that
 // completes the cohort (see send), not once per request.
@@ -127,6 +129,7 @@ func (l *Log) awaitCohort(group []*request, timer *time.Timer) {
 		select {
 		case <-l.cohortFull:
 		case <-timer.C:
+			l.w.cohortMissed = true
 		}
 		timer.Stop()
 	}
@@ -204,10 +207,18 @@ func (l *Log) writeGroup(group []*request) error {
 				n++
 			}
 		}
-		// The concurrency seen lately, decaying when it drops (to 1 in about
-		// 25 groups from 64, by at least 1 a group), so that a few stragglers
-		// do not shrink the groups that follow.
-		l.w.cohort = max(n, l.w.cohort-(l.w.cohort+7)/8)
+		// The concurrency seen lately, decaying when it drops (by an eighth,
+		// at least 1, a group), so that a few stragglers do not shrink the
+		// groups that follow. But a cohort that did not come back within the
+		// wait is gone: the next group waits only for those that did (the
+		// late ones, queued meanwhile, join it anyway), so a lone committer
+		// after a burst waits once, not for 25 groups.
+		if l.w.cohortMissed {
+			l.w.cohort = n
+		} else {
+			l.w.cohort = max(n, l.w.cohort-(l.w.cohort+7)/8)
+		}
+		l.w.cohortMissed = false
 		return l.syncHead()
 	}
 	if waiters { // no sync for them to share (SyncInterval): nothing to wait for
