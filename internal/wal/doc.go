@@ -74,11 +74,14 @@
 // The oldest segment is deleted once none of its Puts holds a live value (its
 // Deletes can only cancel Puts in it or in older segments, which are gone
 // already). When the oldest segment holds little live data (under a quarter
-// of its bytes, or under half when the directory exceeds twice the live data
-// plus two segments), the writer rewrites its live values into the head
-// segment as new Puts, a bounded step at a time between groups, so the
-// segment dies and is deleted. A steady put/delete load therefore keeps the
-// directory at a few segments.
+// of its bytes, once a segment newer than the head's predecessor exists), or
+// whatever it holds once the directory exceeds twice the live data plus two
+// segments (so that a backlog in the oldest segment cannot pin every dead
+// segment behind it), the writer rewrites its live values into the head
+// segment as new Puts, a bounded step at a time between groups (one read of
+// up to 1 MiB each), so the segment dies and is deleted. A steady put/delete
+// load therefore keeps the directory at a few segments, and at most about
+// twice the live data.
 //
 // # File format
 //
