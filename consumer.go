@@ -153,6 +153,9 @@ func freeze(err error) error {
 		return fmt.Errorf("%w: the consumer returned a nil %T", ErrTypedNil, err)
 	}
 	ce := &consumerError{text: errorText(err), permanent: safeIs(err, ErrPermanent)}
+	if !safeIs(err, ErrPanicked) { // cheaper than panicOf's errors.As, and the common case
+		return ce
+	}
 	if pe := panicOf(err); pe != nil { // keep its text, not the consumer's value
 		ce.panic = &PanicError{Value: valueText(pe.Value), Stack: pe.Stack}
 	}
