@@ -292,7 +292,7 @@ func (l *Log) CommitAsync(b *Batch) error {
 type asyncOps struct {
 	mu     sync.Mutex
 	cur    Batch    // batches merged into one record
-	full   [][]byte // earlier merged records, unsealed, when cur grew past maxAsyncRecord
+	full   [][]byte // earlier merged records, unsealed, closed when cur reached limit
 	size   int      // bytes in cur and full
 	limit  int      // the size past which cur is closed: a fraction of a segment (set by Open)
 	behind int      // the size past which CommitAsync waits for the writer (set by Open)
