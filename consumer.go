@@ -120,7 +120,7 @@ func (q *queue) process(ctx context.Context, e *entry, m *Msg) (err error) {
 			return
 		}
 		if r := recover(); r != nil {
-			err = freezeAside(&PanicError{Value: r, Stack: debug.Stack()})
+			err = freezeAside(&q.mq.own, &PanicError{Value: r, Stack: debug.Stack()})
 			return
 		}
 		if m == nil {
@@ -162,29 +162,34 @@ func freeze(err error) error {
 	return ce
 }
 
-// freezeAside is freeze for the error a recovered panic became, on a
-// goroutine of its own: the panic value's methods are the consumer's code,
-// and process's guard is spent once it recovered, so a runtime.Goexit in
-// them must end another goroutine than the worker.
-func freezeAside(err error) error {
+// freezeAside is freeze for pe, the error a recovered panic became, on a
+// goroutine of its own, counted as the MQ's (own) so that the value's
+// methods calling Stop or Shutdown get ErrCalledFromConsumer: they are the
+// consumer's code, and process's guard is spent once it recovered, so a
+// runtime.Goexit in them must end another goroutine than the worker.
+func freezeAside(own *owned, pe *PanicError) error {
 	done := make(chan error, 1)
 	go func() {
+		id := own.enter()
 		frozen := error(&consumerError{text: "tinymq: panic (its value's methods called runtime.Goexit)",
-			panic: &PanicError{Value: "(a value whose methods called runtime.Goexit)"}})
+			panic: &PanicError{Value: "(a value whose methods called runtime.Goexit)", Stack: pe.Stack}})
 		defer func() {
 			_ = recover() // freeze recovers its own calls; this is a last guard
+			own.leave(id)
 			done <- frozen
 		}()
-		frozen = freeze(err)
+		frozen = freeze(pe)
 	}()
 	return <-done
 }
 
-// valueText is fmt.Sprint(v), or a description if v's methods panic.
+// valueText is fmt.Sprint(v), or a description if v's methods panic. What
+// they panicked with is named by its type only: its own methods could panic
+// again.
 func valueText(v any) (s string) {
 	defer func() {
 		if r := recover(); r != nil {
-			s = fmt.Sprintf("%T (its methods panicked: %v)", v, r)
+			s = fmt.Sprintf("%T (its methods panicked with a %T)", v, r)
 		}
 	}()
 	return fmt.Sprint(v)
@@ -401,7 +406,7 @@ func panicOf(err error) (pe *PanicError) {
 func errorText(err error) (s string) {
 	defer func() {
 		if r := recover(); r != nil {
-			s = fmt.Sprintf("%T (its Error method panicked: %v)", err, r)
+			s = fmt.Sprintf("%T (its Error method panicked with a %T)", err, r)
 		}
 	}()
 	return err.Error()

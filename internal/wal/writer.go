@@ -186,9 +186,11 @@ func (l *Log) writeGroup(group []*request) error {
 	if err := l.async.take(&l.w.spare, func(rec []byte) error { return l.appendRecord(rec, false) }); err != nil {
 		return l.fail(err)
 	}
-	needSync, waiters := false, false
+	needSync, waiters := false, 0
 	for _, r := range group {
-		waiters = waiters || r.done != nil
+		if r.done != nil {
+			waiters++
+		}
 		if r.rec != nil {
 			if err := l.appendRecord(r.rec, false); err != nil {
 				return l.fail(err)
@@ -200,29 +202,24 @@ func (l *Log) writeGroup(group []*request) error {
 	if err := l.flush(); err != nil {
 		return l.fail(err)
 	}
-	if needSync {
-		n := 0
-		for _, r := range group {
-			if r.done != nil {
-				n++
-			}
-		}
-		// The concurrency seen lately, decaying when it drops (by an eighth,
-		// at least 1, a group), so that a few stragglers do not shrink the
-		// groups that follow. But a cohort that did not come back within the
-		// wait is gone: the next group waits only for those that did (the
-		// late ones, queued meanwhile, join it anyway), so a lone committer
-		// after a burst waits once, not for 25 groups.
-		if l.w.cohortMissed {
-			l.w.cohort = n
-		} else {
-			l.w.cohort = max(n, l.w.cohort-(l.w.cohort+7)/8)
-		}
-		l.w.cohortMissed = false
-		return l.syncHead()
-	}
-	if waiters { // no sync for them to share (SyncInterval): nothing to wait for
+	// The concurrency seen lately, decaying when it drops (by an eighth, at
+	// least 1, a group), so that a few stragglers do not shrink the groups
+	// that follow. But a cohort that did not come back within the wait is
+	// gone: the next group waits only for those that did (the late ones,
+	// queued meanwhile, join it anyway), so a lone committer after a burst
+	// waits once, not for 25 groups; and a group of CommitAsync batches only
+	// that waited in vain does not make the next one wait again.
+	switch {
+	case l.w.cohortMissed:
+		l.w.cohort = waiters
+	case needSync:
+		l.w.cohort = max(waiters, l.w.cohort-(l.w.cohort+7)/8)
+	case waiters > 0: // no sync for them to share (SyncInterval): nothing to wait for
 		l.w.cohort = 0
+	}
+	l.w.cohortMissed = false
+	if needSync {
+		return l.syncHead()
 	}
 	return nil
 }
@@ -435,8 +432,8 @@ func (l *Log) removeOldest() error {
 // the oldest segment frees the dead ones behind it: a backlog in the oldest
 // segment must not pin the whole directory.
 func (l *Log) shouldCompact(s *segment) bool {
-	if s.id == l.w.noCompact {
-		return false
+	if s.id == l.w.noCompact || s.liveKeys == 0 {
+		return false // a dead segment is removeDead's (which may wait for a reader)
 	}
 	if s.liveBytes*4 < s.size && len(l.segs) > 2 {
 		return true
@@ -445,7 +442,11 @@ func (l *Log) shouldCompact(s *segment) bool {
 	for _, seg := range l.segs {
 		disk += seg.size
 	}
-	return disk > 2*l.liveBytes+2*l.opts.SegmentSize
+	// Each segment costs its header and at least one record's framing,
+	// which no rewrite saves: with tiny segments, counting it keeps an idle
+	// log from being rewritten forever.
+	overhead := int64(len(l.segs)) * (headerLen + recPrefixLen)
+	return disk > 2*l.liveBytes+2*l.opts.SegmentSize+overhead
 }
 
 // compactStep reads up to a budget of records of the oldest segment and
