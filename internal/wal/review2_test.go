@@ -90,26 +90,11 @@ func (s *r2Synced) powerLoss(t *testing.T, dir string) string {
 // come, on every Commit ("A lone committer never waits; after the
 // concurrency drops, the wait shrinks with it").
 func TestReview2CohortDecaysForLoneCommitter(t *testing.T) {
-	const n = 20
 	fs := &faultFS{noSync: true}
 	l := openT(t, t.TempDir(), Options{}, fs)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	fs.setSyncHook(func() { once.Do(func() { close(entered); <-release }) })
-	errs := make(chan error, n)
-	go func() { errs <- l.Commit(r2Batch("first", "v")) }()
-	r2Within(t, entered, "the first sync")
-	for i := 1; i < n; i++ {
-		go func() { errs <- l.Commit(r2Batch(fmt.Sprint("k", i), "v")) }()
-	}
-	require.Eventually(t, func() bool { return len(l.reqs) == n-1 }, r2Wait, time.Millisecond)
-	close(release)
-	for range n {
-		require.NoError(t, <-errs)
-	}
+	r2Burst(t, l, fs, 20, nil)
 	// Only this goroutine commits from now on: the writer wrote w.cohort
 	// before answering it, and touches it again only for the next request.
-	require.GreaterOrEqual(t, l.w.cohort, 8, "the burst raised the cohort")
 	require.NoError(t, l.Commit(r2Batch("lone", "v"))) // waits once, for the cohort that is gone
 	for i := range 2 {
 		require.NoError(t, l.Commit(r2Batch(fmt.Sprint("lone", i), "v")))
@@ -660,4 +645,32 @@ func TestReview2PooledRequestsUnderChurn(t *testing.T) {
 	assert.Len(t, got, 16*300*4/5)
 	assert.Equal(t, int64(16*300*3/5), commits.Load())
 	assert.False(t, errors.Is(l.failure(), ErrFailed))
+}
+
+// r2Burst makes n committers share one group: the first Commit's fdatasync
+// is held until the n-1 others are queued. every, if not nil, runs in every
+// fdatasync after that. It returns once all n returned and checks that the
+// writer's cohort estimate rose.
+func r2Burst(t *testing.T, l *Log, fs *faultFS, n int, every func()) {
+	t.Helper()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	fs.setSyncHook(func() {
+		once.Do(func() { close(entered); <-release })
+		if every != nil {
+			every()
+		}
+	})
+	errs := make(chan error, n)
+	go func() { errs <- l.Commit(r2Batch("first", "v")) }()
+	r2Within(t, entered, "the first sync")
+	for i := 1; i < n; i++ {
+		go func() { errs <- l.Commit(r2Batch(fmt.Sprint("k", i), "v")) }()
+	}
+	require.Eventually(t, func() bool { return len(l.reqs) == n-1 }, r2Wait, time.Millisecond)
+	close(release)
+	for range n {
+		require.NoError(t, <-errs)
+	}
+	require.GreaterOrEqual(t, l.w.cohort, 8, "the burst raised the cohort")
 }

@@ -539,25 +539,9 @@ func TestReview3AsyncWakeDoesNotWaitForGoneCohort(t *testing.T) {
 	t.Cleanup(func() { maxCohortWait = old })
 	fs := &faultFS{noSync: true}
 	l := openT(t, t.TempDir(), Options{}, fs)
-	const n, slowSync = 20, 100 * time.Millisecond
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	fs.setSyncHook(func() {
-		once.Do(func() { close(entered); <-release })
-		time.Sleep(slowSync) // a slow disk: every fdatasync takes 100ms (lastSync)
-	})
-	errs := make(chan error, n)
-	go func() { errs <- l.Commit(r2Batch("first", "v")) }()
-	r2Within(t, entered, "the first sync")
-	for i := 1; i < n; i++ {
-		go func() { errs <- l.Commit(r2Batch(fmt.Sprint("k", i), "v")) }()
-	}
-	require.Eventually(t, func() bool { return len(l.reqs) == n-1 }, r2Wait, time.Millisecond)
-	close(release)
-	for range n {
-		require.NoError(t, <-errs)
-	}
-	require.GreaterOrEqual(t, l.w.cohort, 8, "the burst raised the cohort")
+	const slowSync = 100 * time.Millisecond
+	// A slow disk: every fdatasync takes 100ms (lastSync).
+	r2Burst(t, l, fs, 20, func() { time.Sleep(slowSync) })
 	var late []time.Duration
 	for i := range 3 {
 		k := fmt.Sprint("async", i)
