@@ -184,8 +184,7 @@ func TestReview2PermanentAnywhereSkipsRetries(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			m := tinymq.New(r2Quiet())
-			dead := make(chan *tinymq.Msg, 10)
-			require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, sink(dead), 1))
+			dead := deadLetters(t, m)
 			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
 				return c.fail()
 			}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""),
@@ -457,10 +456,7 @@ func TestReview2IDsUniqueManyPublishersAcrossRestarts(t *testing.T) {
 	m := tinymq.New(tinymq.WithDataDir(dir), r2Quiet())
 	register(m)
 	require.NoError(t, m.Start(context.Background()))
-	require.Eventually(t, func() bool {
-		st := m.Stats().Queues["d"]
-		return st.Depth == 0 && st.InFlight == 0
-	}, wait, time.Millisecond)
+	r2Drained(t, m, "d")
 	stopWithin(t, m)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -502,10 +498,7 @@ func TestReview2IDsUniqueAfterFailedReservationCommit(t *testing.T) {
 	for i := range 3000 {
 		require.NoError(t, m.Publish("ev", 100_000+i))
 	}
-	require.Eventually(t, func() bool {
-		st := m.Stats().Queues["d"]
-		return st.Depth == 0 && st.InFlight == 0
-	}, wait, time.Millisecond)
+	r2Drained(t, m, "d")
 	stopWithin(t, m)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -590,4 +583,13 @@ func TestReview2CodecPublishingDuringReservationDoesNotFreeze(t *testing.T) {
 	closedWithin(t, nestedDone, "the codec's publishes")
 	require.Eventually(t, func() bool { return memCount.Load() == 2049+2100 }, wait, time.Millisecond)
 	stopWithin(t, m)
+}
+
+// r2Drained waits until queue has nothing waiting and nothing in a consumer.
+func r2Drained(t *testing.T, m *tinymq.MQ, queue string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		st := m.Stats().Queues[queue]
+		return st.Depth == 0 && st.InFlight == 0
+	}, wait, time.Millisecond)
 }

@@ -337,37 +337,6 @@ func TestReviewTypedFormsPayloadEdges(t *testing.T) {
 // rvBig is a payload larger than an interface word.
 type rvBig struct{ A [16]int64 }
 
-// rvAllocsPerMessage publishes the pre-boxed v to "ev" rounds*batch times,
-// waiting for every delivery of each round, and returns the mallocs per
-// published message after a warm-up.
-func rvAllocsPerMessage(t *testing.T, m *tinymq.MQ, v any, opts []tinymq.PublishOption, sig <-chan struct{}, queues, rounds, batch int) float64 {
-	t.Helper()
-	timeout := time.NewTimer(wait)
-	defer timeout.Stop()
-	run := func(rounds int) {
-		for range rounds {
-			for range batch {
-				if err := m.Publish("ev", v, opts...); err != nil {
-					t.Fatalf("Publish: %v", err)
-				}
-			}
-			for range batch * queues {
-				select {
-				case <-sig:
-				case <-timeout.C:
-					t.Fatal("deliveries did not arrive in time")
-				}
-			}
-		}
-	}
-	run(5)
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	run(rounds)
-	runtime.ReadMemStats(&after)
-	return float64(after.Mallocs-before.Mallocs) / float64(rounds*batch)
-}
-
 func rvAllocCase[T any](t *testing.T, name string, v T, check func(T) bool) {
 	for _, conc := range []int{1, 4} {
 		for _, queues := range []int{1, 3} {
@@ -414,7 +383,7 @@ func rvAllocCase[T any](t *testing.T, name string, v T, check func(T) bool) {
 							limit = 1.05
 						}
 						var boxed any = v
-						got := rvAllocsPerMessage(t, m, boxed, opts, sig, queues, 50, 100)
+						got := hMallocsPerMessage(t, m, boxed, opts, sig, queues, 50, 100)
 						t.Logf("%.3f allocations per published message", got)
 						assert.LessOrEqual(t, got, limit, "a typed delivery of Data already a T allocates nothing")
 						assert.Zero(t, bad.Load(), "wrong payload delivered")
@@ -788,40 +757,13 @@ func TestReviewStatsExactUnderLoad(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			m := tinymq.New()
 			dead := hDeadQueue(t, m, pubs*per)
-			var calls rvCalls
 			var okCount atomic.Int64
-			fn := func(_ context.Context, c rvCall) error {
-				k := calls.inc(c.N)
-				switch {
-				case c.N%5 == 0:
-					return errors.New("always")
-				case c.N%7 == 0 && k == 1:
-					panic("once")
-				case c.N%11 == 0 && k == 1:
-					runtime.Goexit()
-				case c.N%13 == 0 && k == 1:
-					var e *rvNilErr
-					return e
-				}
-				okCount.Add(1)
-				return nil
-			}
+			fn := rvFlaky(&okCount, true)
 			require.NoError(t, f.register(m, "ev", tinymq.Fanout, fn, 8, tinymq.WithQueueName("q"),
 				tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
 				tinymq.WithDeadLetter("dlx", "")))
 			require.NoError(t, m.Start(context.Background()))
-			var wg sync.WaitGroup
-			for p := range pubs {
-				wg.Go(func() {
-					for i := range per {
-						if err := m.Publish("ev", &rvPayload{N: p*per + i}); err != nil {
-							t.Errorf("Publish: %v", err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
+			rvPublishAll(t, m, pubs, per)
 			var want hCounts
 			var deadN int
 			for n := range pubs * per {
@@ -1630,21 +1572,8 @@ func TestReviewStatsSnapshotsAreSane(t *testing.T) {
 	for _, f := range rvForms() {
 		t.Run(f.name, func(t *testing.T) {
 			m := tinymq.New()
-			var calls rvCalls
 			var ok atomic.Int64
-			require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(_ context.Context, c rvCall) error {
-				k := calls.inc(c.N)
-				switch {
-				case c.N%5 == 0:
-					return errors.New("always")
-				case c.N%7 == 0 && k == 1:
-					panic("once")
-				case c.N%11 == 0 && k == 1:
-					runtime.Goexit()
-				}
-				ok.Add(1)
-				return nil
-			}, conc, tinymq.WithQueueName("q"), tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})))
+			require.NoError(t, f.register(m, "ev", tinymq.Fanout, rvFlaky(&ok, false), conc, tinymq.WithQueueName("q"), tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})))
 			require.NoError(t, m.Start(context.Background()))
 			defer stopWithin(t, m)
 			stopPoll := make(chan struct{})
@@ -1692,18 +1621,7 @@ func TestReviewStatsSnapshotsAreSane(t *testing.T) {
 					prev = s
 				}
 			}()
-			var wg sync.WaitGroup
-			for p := range pubs {
-				wg.Go(func() {
-					for i := range per {
-						if err := m.Publish("ev", &rvPayload{N: p*per + i}); err != nil {
-							t.Errorf("Publish: %v", err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
+			rvPublishAll(t, m, pubs, per)
 			stopWithin(t, m)
 			close(stopPoll)
 			var problems []string
@@ -2598,5 +2516,48 @@ func rvBlockedBatch(t *testing.T, conc int) {
 		if t.Failed() {
 			return
 		}
+	}
+}
+
+// rvPublishAll publishes payloads 0 to pubs*per-1 to "ev" from pubs
+// goroutines, per each, and returns once all are done.
+func rvPublishAll(t *testing.T, m *tinymq.MQ, pubs, per int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for p := range pubs {
+		wg.Go(func() {
+			for i := range per {
+				if err := m.Publish("ev", &rvPayload{N: p*per + i}); err != nil {
+					t.Errorf("Publish: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// rvFlaky is a consumer that always fails payloads divisible by 5, panics on
+// the first delivery of those divisible by 7, calls runtime.Goexit on the
+// first of those divisible by 11 and, with typedNil, returns a typed nil on
+// the first of those divisible by 13; every other delivery succeeds and
+// counts in ok.
+func rvFlaky(ok *atomic.Int64, typedNil bool) func(context.Context, rvCall) error {
+	var calls rvCalls
+	return func(_ context.Context, c rvCall) error {
+		k := calls.inc(c.N)
+		switch {
+		case c.N%5 == 0:
+			return errors.New("always")
+		case c.N%7 == 0 && k == 1:
+			panic("once")
+		case c.N%11 == 0 && k == 1:
+			runtime.Goexit()
+		case typedNil && c.N%13 == 0 && k == 1:
+			var e *rvNilErr
+			return e
+		}
+		ok.Add(1)
+		return nil
 	}
 }
