@@ -78,20 +78,26 @@ type mqPipeline struct{ m *tinymq.MQ }
 // newHandlerPipeline is newMQPipeline with the allocation-free consumer form,
 // RegisterHandler.
 func newHandlerPipeline(b *testing.B, queues, concurrency int, d *done) pipeline {
-	m := tinymq.New()
-	for range queues {
-		err := tinymq.RegisterHandler(m, "bench", tinymq.Fanout, func(_ context.Context, data []byte) error {
+	return mqPipeline{startMQ(b, queues, func(m *tinymq.MQ) error {
+		return tinymq.RegisterHandler(m, "bench", tinymq.Fanout, func(_ context.Context, data []byte) error {
 			d.got(data)
 			return nil
 		}, concurrency)
-		if err != nil {
+	})}
+}
+
+// startMQ makes an MQ, registers queues queues with register, and starts it.
+func startMQ(b *testing.B, queues int, register func(m *tinymq.MQ) error) *tinymq.MQ {
+	m := tinymq.New()
+	for range queues {
+		if err := register(m); err != nil {
 			b.Fatal(err)
 		}
 	}
 	if err := m.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	return mqPipeline{m}
+	return m
 }
 
 // ptrPipeline is newHandlerPipeline publishing a pointer to the payload,
@@ -103,20 +109,12 @@ type ptrPipeline struct {
 }
 
 func newPtrPipeline(b *testing.B, queues, concurrency int, d *done) pipeline {
-	m := tinymq.New()
-	for range queues {
-		err := tinymq.RegisterHandler(m, "bench", tinymq.Fanout, func(_ context.Context, data *[]byte) error {
+	return &ptrPipeline{m: startMQ(b, queues, func(m *tinymq.MQ) error {
+		return tinymq.RegisterHandler(m, "bench", tinymq.Fanout, func(_ context.Context, data *[]byte) error {
 			d.got(*data)
 			return nil
 		}, concurrency)
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := m.Start(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	return &ptrPipeline{m: m}
+	})}
 }
 
 func (p *ptrPipeline) publish(data []byte) {
@@ -132,20 +130,12 @@ func (p *ptrPipeline) publish(data []byte) {
 func (p *ptrPipeline) close() { p.m.Stop() }
 
 func newMQPipeline(b *testing.B, queues, concurrency int, d *done) pipeline {
-	m := tinymq.New()
-	for range queues {
-		err := m.RegisterQueue("bench", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+	return mqPipeline{startMQ(b, queues, func(m *tinymq.MQ) error {
+		return m.RegisterQueue("bench", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
 			d.got(msg.Data.([]byte))
 			return nil
 		}, concurrency)
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := m.Start(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	return mqPipeline{m}
+	})}
 }
 
 func (p mqPipeline) publish(data []byte) {
