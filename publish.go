@@ -241,6 +241,8 @@ func (r *records) msgFor(q *queue) *Msg {
 			return r.rec
 		}
 	}
+	// Two literals, not one Msg variable copied into the durable case: that
+	// variable would escape, an allocation more for every durable publish.
 	if q.cfg.durable { // logMessage fills in its ext: one allocation for both
 		dm := &struct {
 			Msg
