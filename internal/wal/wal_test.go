@@ -536,14 +536,29 @@ func TestAwaitCohort(t *testing.T) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 
-	l := newLog(5, time.Hour)
 	old := maxCohortWait
-	maxCohortWait = time.Hour // only the cohort can end this wait
-	returned := make(chan struct{})
-	go func() {
-		defer close(returned)
-		l.awaitCohort([]*request{commit()}, timer)
-	}()
+	maxCohortWait = time.Hour // with lastSync an hour, only the cohort can end a wait
+	defer func() { maxCohortWait = old }()
+	// wait runs awaitCohort on l and returns a channel closed when it returns.
+	wait := func(l *Log) <-chan struct{} {
+		returned := make(chan struct{})
+		go func() {
+			defer close(returned)
+			l.awaitCohort([]*request{commit()}, timer)
+		}()
+		return returned
+	}
+	atOnce := func(l *Log, what string) {
+		t.Helper()
+		select {
+		case <-wait(l):
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: awaitCohort waited", what)
+		}
+	}
+
+	l := newLog(5, time.Hour)
+	returned := wait(l)
 	for range 3 {
 		require.NoError(t, l.send(&request{rec: make([]byte, 10)})) // a CommitAsync does not count
 		require.NoError(t, l.send(commit()))
@@ -559,20 +574,18 @@ func TestAwaitCohort(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the committer completing the cohort did not wake the writer")
 	}
-	maxCohortWait = old
 	assert.Len(t, l.reqs, 7, "the requests are left for gather")
 	assert.Zero(t, l.want.Load(), "the wait is over")
 
-	l = newLog(3, time.Hour) // the cohort is back before the wait: no sleep
+	l = newLog(3, time.Hour)
 	require.NoError(t, l.send(commit()))
 	require.NoError(t, l.send(commit()))
-	l.awaitCohort([]*request{commit()}, timer)
+	atOnce(l, "the cohort was back before the wait")
 
-	l = newLog(1, time.Hour)
-	l.awaitCohort([]*request{commit()}, timer) // a lone committer does not wait
+	atOnce(newLog(1, time.Hour), "a lone committer")
 
-	l = newLog(64, time.Millisecond) // stragglers that never come: the wait ends
-	l.awaitCohort([]*request{commit()}, timer)
+	// Stragglers that never come: the wait ends after 2 syncs (2 ms here).
+	atOnce(newLog(64, time.Millisecond), "stragglers")
 }
 
 // recordCRC folds the salt in without crc32.Update (to save an allocation):
