@@ -28,12 +28,47 @@ func (JSONCodec) Marshal(v any) ([]byte, error) {
 	if b, ok := v.([]byte); ok && b != nil {
 		// encoding/json's own encoding of a []byte, without its reflection
 		// and buffer pool: the common payload of a durable queue.
-		out := make([]byte, 0, base64.StdEncoding.EncodedLen(len(b))+2)
-		out = append(out, '"')
-		out = base64.StdEncoding.AppendEncode(out, b)
-		return append(out, '"'), nil
+		return appendJSONBytes(make([]byte, 0, jsonBytesLen(len(b))), b), nil
 	}
 	return json.Marshal(v)
+}
+
+// jsonBytesLen is the length of JSONCodec's encoding of a []byte of n bytes.
+func jsonBytesLen(n int) int { return base64.StdEncoding.EncodedLen(n) + 2 }
+
+// appendJSONBytes appends JSONCodec's encoding of b, a non-nil []byte.
+func appendJSONBytes(out, b []byte) []byte {
+	out = append(out, '"')
+	out = base64.StdEncoding.AppendEncode(out, b)
+	return append(out, '"')
+}
+
+// jsonBytes returns data when c is JSONCodec and data a non-nil []byte: its
+// encoding, of a length known in advance, can then be written straight into
+// a log record, and no user code runs for it.
+func jsonBytes(c Codec, data any) ([]byte, bool) {
+	switch c.(type) {
+	case JSONCodec, *JSONCodec:
+		b, ok := data.([]byte)
+		return b, ok && b != nil
+	}
+	return nil, false
+}
+
+// dataSize returns the size of data when it is known without encoding it:
+// the length of a []byte, a string, a json.RawMessage, or an Encoded's Body.
+func dataSize(data any) (int, bool) {
+	switch v := data.(type) {
+	case []byte:
+		return len(v), true
+	case string:
+		return len(v), true
+	case json.RawMessage:
+		return len(v), true
+	case Encoded:
+		return len(v.Body), true
+	}
+	return 0, false
 }
 
 // Unmarshal decodes JSON data into v.

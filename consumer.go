@@ -168,19 +168,10 @@ func freeze(err error) error {
 // consumer's code, and process's guard is spent once it recovered, so a
 // runtime.Goexit in them must end another goroutine than the worker.
 func freezeAside(own *owned, pe *PanicError) error {
-	done := make(chan error, 1)
-	go func() {
-		id := own.enter()
-		frozen := error(&consumerError{text: "tinymq: panic (its value's methods called runtime.Goexit)",
-			panic: &PanicError{Value: "(a value whose methods called runtime.Goexit)", Stack: pe.Stack}})
-		defer func() {
-			_ = recover() // freeze recovers its own calls; this is a last guard
-			own.leave(id)
-			done <- frozen
-		}()
-		frozen = freeze(pe)
-	}()
-	return <-done
+	frozen := error(&consumerError{text: "tinymq: panic (its value's methods called runtime.Goexit)",
+		panic: &PanicError{Value: "(a value whose methods called runtime.Goexit)", Stack: pe.Stack}})
+	own.guard(func() { frozen = freeze(pe) }) // freeze recovers its own calls; guard is a last one
+	return frozen
 }
 
 // valueText is fmt.Sprint(v), or a description if v's methods panic. What

@@ -1,11 +1,15 @@
 package tinymq
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
+
+	"github.com/tinymq/tinymq/internal/wal"
 )
 
 // This file encodes what durable queues keep in the write-ahead log. Keys:
@@ -68,17 +72,36 @@ func queueKey(prefix, queue, mk string) []byte {
 	return append(b, mk...)
 }
 
-// parseQueueKey splits an a/ or s/ key into its queue and message key.
-func parseQueueKey(k []byte) (queue, mk string, ok bool) {
+// parseQueueKey splits an a/ or s/ key into its queue and message key, which
+// share k's bytes.
+func parseQueueKey(k string) (queue, mk string, ok bool) {
 	if len(k) < 2 {
 		return "", "", false
 	}
 	rest := k[2:]
-	n, w := binary.Uvarint(rest)
+	n, w := uvarintString(rest)
 	if w <= 0 || uint64(len(rest)-w) < n {
 		return "", "", false
 	}
-	return string(rest[w : w+int(n)]), string(rest[w+int(n):]), true
+	return rest[w : w+int(n)], rest[w+int(n):], true
+}
+
+// uvarintString is binary.Uvarint for a string, without a copy.
+func uvarintString(s string) (uint64, int) {
+	var x uint64
+	var shift uint
+	for i := 0; i < len(s) && i < binary.MaxVarintLen64; i++ {
+		c := s[i]
+		if c < 0x80 {
+			if i == binary.MaxVarintLen64-1 && c > 1 {
+				return 0, -(i + 1) // overflow
+			}
+			return x | uint64(c)<<shift, i + 1
+		}
+		x |= uint64(c&0x7f) << shift
+		shift += 7
+	}
+	return 0, 0
 }
 
 func appendString(b []byte, s string) []byte {
@@ -86,8 +109,41 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// appendTo appends the encoding of s to b.
-func (s *storedMsg) appendTo(b []byte) []byte {
+// putIn puts the encoding of s under key into b, sized once and written in
+// place: head is scratch room for the small fields before the body. With raw
+// non-nil, the body is JSONCodec's encoding of raw, written straight into b
+// (s.body is ignored). It returns the body: s.body, or with raw the bytes of
+// b that hold its encoding; and the head buffer for reuse.
+func (s *storedMsg) putIn(b *wal.Batch, key, head, raw []byte) (body, headBuf []byte) {
+	head = s.appendHead(head[:0])
+	n := len(s.body)
+	if raw != nil {
+		n = jsonBytesLen(len(raw))
+	}
+	tail := uvarintLen(uint64(len(s.queues)))
+	for _, q := range s.queues {
+		tail += uvarintLen(uint64(len(q))) + len(q)
+	}
+	size := len(head) + uvarintLen(uint64(n)) + n + tail
+	b.Grow(1 + 2*binary.MaxVarintLen64 + len(key) + size + 256) // room too for a dead letter's acknowledgement
+	v := b.PutSized(key, size)
+	w := append(v[:0], head...)
+	w = binary.AppendUvarint(w, uint64(n))
+	if body = s.body; raw != nil {
+		start := len(w)
+		w = appendJSONBytes(w, raw)
+		body = w[start:len(w):len(w)]
+	} else {
+		w = append(w, s.body...)
+	}
+	if w = s.appendTail(w); len(w) != size || &w[0] != &v[0] {
+		panic("tinymq: a log record's size was miscounted") // a bug: v would not hold the record
+	}
+	return body, head
+}
+
+// appendHead appends the encoding of s up to its body.
+func (s *storedMsg) appendHead(b []byte) []byte {
 	b = append(b, recordVersion)
 	b = binary.AppendVarint(b, s.publishedAt)
 	b = binary.AppendVarint(b, s.visibleAt)
@@ -111,13 +167,25 @@ func (s *storedMsg) appendTo(b []byte) []byte {
 		b = appendString(b, d.LastError)
 		b = binary.AppendVarint(b, d.Time.UnixNano())
 	}
-	b = binary.AppendUvarint(b, uint64(len(s.body))) // as appendString, without a copy into a string
-	b = append(b, s.body...)
+	return b
+}
+
+// appendTail appends the encoding of s after its body.
+func (s *storedMsg) appendTail(b []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s.queues)))
 	for _, q := range s.queues {
 		b = appendString(b, q)
 	}
 	return b
+}
+
+// uvarintLen is the length of binary.AppendUvarint's encoding of x.
+func uvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
 }
 
 func (s *queueState) encode() []byte {
@@ -193,42 +261,74 @@ func (r *reader) count(min int) int {
 	return int(n)
 }
 
-func decodeStoredMsg(b []byte) (*storedMsg, error) {
+// msgDecoder decodes stored messages, one after another, and shares between
+// them what repeats: a message's routing key and queue list are most often
+// those of the message before, and then cost no allocation. Shared values
+// are never written to.
+type msgDecoder struct {
+	routingKey string
+	queues     []string
+	queuesRaw  []byte // the encoding of queues
+}
+
+// decode decodes b into s, which must be zero. s keeps none of b's bytes.
+func (dec *msgDecoder) decode(s *storedMsg, b []byte) error {
 	r := &reader{b: b}
 	if r.byte() != recordVersion {
-		return nil, fmt.Errorf("%w: unknown message record version", errBadRecord)
+		return fmt.Errorf("%w: unknown message record version", errBadRecord)
 	}
-	s := &storedMsg{}
 	s.publishedAt = r.varint()
 	s.visibleAt = r.varint()
 	s.expiration = time.Duration(r.varint())
-	s.routingKey = r.string()
+	if rk := r.bytes(); string(rk) != dec.routingKey {
+		dec.routingKey = string(rk)
+	}
+	s.routingKey = dec.routingKey
 	if r.byte() == 1 {
 		s.headers = r.table(0)
 	}
-	nd := r.count(9)
-	for range nd {
-		var d Death
-		d.Reason = DeathReason(r.string())
-		d.Exchange = r.string()
-		d.Queue = r.string()
-		d.RoutingKey = r.string()
-		d.Attempts = int(r.varint())
-		d.Count = int(r.varint())
-		d.MessageID = r.uvarint()
-		d.LastError = r.string()
-		d.Time = time.Unix(0, r.varint())
-		s.deaths = append(s.deaths, d)
+	if nd := r.count(9); nd > 0 {
+		s.deaths = make([]Death, nd)
+		for i := range s.deaths {
+			d := &s.deaths[i]
+			d.Reason = DeathReason(r.string())
+			d.Exchange = r.string()
+			d.Queue = r.string()
+			d.RoutingKey = r.string()
+			d.Attempts = int(r.varint())
+			d.Count = int(r.varint())
+			d.MessageID = r.uvarint()
+			d.LastError = r.string()
+			d.Time = time.Unix(0, r.varint())
+		}
 	}
-	s.body = append([]byte(nil), r.bytes()...)
+	if body := r.bytes(); len(body) > 0 {
+		s.body = bytes.Clone(body)
+	}
+	// The queue list ends the record.
+	if r.err == nil && bytes.Equal(r.b, dec.queuesRaw) && dec.queuesRaw != nil {
+		s.queues = dec.queues
+		return nil
+	}
+	raw := r.b
 	nq := r.count(1)
+	if nq > 0 {
+		s.queues = make([]string, 0, nq)
+	}
 	for range nq {
-		s.queues = append(s.queues, r.string())
+		q := r.bytes()
+		// Queue names are few: share one string per name with the list before.
+		if i := slices.IndexFunc(dec.queues, func(p string) bool { return p == string(q) }); i >= 0 {
+			s.queues = append(s.queues, dec.queues[i])
+		} else {
+			s.queues = append(s.queues, string(q))
+		}
 	}
 	if r.err != nil {
-		return nil, r.err
+		return r.err
 	}
-	return s, nil
+	dec.queues, dec.queuesRaw = s.queues, append(dec.queuesRaw[:0], raw...)
+	return nil
 }
 
 func decodeQueueState(b []byte) (queueState, error) {

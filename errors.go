@@ -57,7 +57,8 @@ var (
 	ErrKeyTooLong = errors.New("tinymq: key longer than 255 bytes")
 
 	// ErrInvalidHeaders is returned by Publish when a header value has a type that
-	// has no AMQP equivalent (see [WithHeaders]).
+	// has no AMQP equivalent, or when the headers nest too deeply, contain
+	// themselves or are too large (see [WithHeaders]).
 	ErrInvalidHeaders = errors.New("tinymq: invalid headers")
 
 	// ErrInvalidOption is returned for an option that is nil, out of range, or not
@@ -115,6 +116,10 @@ var (
 	// accepted messages could not be handed to a consumer: the deadline expired, or
 	// the MQ was stopped before it was started.
 	ErrUndelivered = errors.New("tinymq: accepted messages not delivered")
+
+	// ErrTooLarge is returned by Publish for a message larger than the MQ's
+	// limit (see [WithMaxMessageSize]). No queue got the message.
+	ErrTooLarge = errors.New("tinymq: message too large")
 )
 
 // PanicError is the error a consumer's panic becomes. It is logged and counted as

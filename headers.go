@@ -1,11 +1,14 @@
 package tinymq
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
 )
 
 // This file holds AMQP field values and the headers exchange's matching rule.
@@ -81,45 +84,183 @@ func fieldTag(v any) byte {
 }
 
 // maxDepth bounds how deeply arrays and tables may nest in headers and
-// binding arguments. It turns a cyclic value, which would otherwise recurse
-// until the stack overflows, into an error.
+// binding arguments.
 const maxDepth = 32
 
-// validateValue reports an error for a value, or an element of one, that has no
-// AMQP field type, or that nests deeper than maxDepth. It allocates only to
-// describe an error.
-func validateValue(v any, depth int) error {
-	switch fieldTag(v) {
-	case 0:
-		return fmt.Errorf("%T has no AMQP field type", v)
-	case 'A':
-		if depth >= maxDepth {
-			return fmt.Errorf("nested more than %d deep (a cycle?)", maxDepth)
-		}
-		for i, e := range v.([]any) {
-			if err := validateValue(e, depth+1); err != nil {
-				return fmt.Errorf("[%d]: %w", i, err)
-			}
-		}
-	case 'F':
-		if depth >= maxDepth {
-			return fmt.Errorf("nested more than %d deep (a cycle?)", maxDepth)
-		}
-		return validateTable(v.(map[string]any), depth+1)
+// Headers and binding arguments are bounded in size as well as depth, counted
+// as they are stored and compared: a table or array that appears in several
+// places (a shared sub-map) counts once per place. maxHeaderValues bounds the
+// values, nested ones included; maxHeaderBytes the bytes of keys, strings and
+// byte arrays. Without them a few maps shared along a chain (m0 holding m1
+// under two keys, m1 holding m2 under two keys, ...) stand for a table that
+// doubles with each level, which a durable queue's log would write out whole.
+const (
+	maxHeaderValues = 1 << 16
+	maxHeaderBytes  = 1 << 20
+)
+
+// validateTable reports an error for a value of t, or an element of one,
+// that has no AMQP field type, or for a t that nests deeper than maxDepth,
+// contains itself, or is larger than maxHeaderValues or maxHeaderBytes. It
+// looks at each table and array once however many times it appears, so it
+// costs time linear in the number of distinct values, and it allocates only
+// beyond a few nested tables and arrays, and to describe an error.
+func validateTable(t map[string]any, depth int) error {
+	var c headerCheck
+	sz, err := c.table(t, depth)
+	if err != nil {
+		return err
+	}
+	return sz.check()
+}
+
+// headerSize is the expanded size of a value: how many values it holds
+// (itself included) and how many bytes of keys, strings and byte arrays.
+// Sizes saturate just above the limits, so that sums cannot overflow.
+type headerSize struct {
+	values, bytes int
+	height        int // tables and arrays nested in it, itself included
+}
+
+func (s *headerSize) add(o headerSize) {
+	s.values = min(s.values+o.values, maxHeaderValues+1)
+	s.bytes = min(s.bytes+o.bytes, maxHeaderBytes+1)
+}
+
+func (s headerSize) check() error {
+	if s.values > maxHeaderValues {
+		return fmt.Errorf("more than %d values in all, counting each place a shared table or array appears", maxHeaderValues)
+	}
+	if s.bytes > maxHeaderBytes {
+		return fmt.Errorf("more than %d bytes of keys, strings and byte arrays in all, counting each place a shared table or array appears", maxHeaderBytes)
 	}
 	return nil
 }
 
-func validateTable(t map[string]any, depth int) error {
-	for k, v := range t {
-		if len(k) > maxKeyLen {
-			return fmt.Errorf("key %.20q...: %w", k, ErrKeyTooLong)
-		}
-		if err := validateValue(v, depth); err != nil {
-			return fmt.Errorf("%q: %w", k, err)
+var errCycle = errors.New("contains itself (a cycle)")
+
+// headerCheck remembers the size of each table and array it has checked,
+// by identity, so that one shared by several keys is walked once, and the
+// ones being walked, so that one containing itself is an error rather than
+// an endless recursion.
+type headerCheck struct {
+	small [8]seenValue // the first ones, without allocating
+	n     int
+	more  map[seenKey]*seenValue
+}
+
+// seenKey identifies a table (by its map) or an array (by its elements).
+type seenKey struct {
+	p unsafe.Pointer
+	n int // an array's length: two slices of one array differ by it
+}
+
+type seenValue struct {
+	key  seenKey
+	done bool // false while it is being walked
+	size headerSize
+}
+
+// seen returns the record of k, and false when k is new (the record is then
+// made, not done).
+func (c *headerCheck) seen(k seenKey) (*seenValue, bool) {
+	for i := range c.small[:c.n] {
+		if c.small[i].key == k {
+			return &c.small[i], true
 		}
 	}
-	return nil
+	if v := c.more[k]; v != nil {
+		return v, true
+	}
+	if c.n < len(c.small) {
+		c.small[c.n] = seenValue{key: k}
+		c.n++
+		return &c.small[c.n-1], false
+	}
+	if c.more == nil {
+		c.more = make(map[seenKey]*seenValue)
+	}
+	v := &seenValue{key: k}
+	c.more[k] = v
+	return v, false
+}
+
+// value checks v, found depth tables and arrays deep.
+func (c *headerCheck) value(v any, depth int) (headerSize, error) {
+	var k seenKey
+	switch fieldTag(v) {
+	case 0:
+		return headerSize{}, fmt.Errorf("%T has no AMQP field type", v)
+	case 'S':
+		return headerSize{values: 1, bytes: len(v.(string))}, nil
+	case 'x':
+		return headerSize{values: 1, bytes: len(v.([]byte))}, nil
+	case 'A':
+		a := v.([]any)
+		k = seenKey{unsafe.Pointer(unsafe.SliceData(a)), len(a)}
+	case 'F':
+		k = seenKey{p: reflect.ValueOf(v).UnsafePointer()}
+	default:
+		return headerSize{values: 1}, nil
+	}
+	if depth >= maxDepth {
+		return headerSize{}, fmt.Errorf("nested more than %d deep", maxDepth)
+	}
+	rec, ok := c.seen(k)
+	if ok {
+		if !rec.done {
+			return headerSize{}, errCycle
+		}
+		if depth+rec.size.height > maxDepth {
+			return headerSize{}, fmt.Errorf("nested more than %d deep", maxDepth)
+		}
+		return rec.size, nil
+	}
+	var sz headerSize
+	var err error
+	if m, isTable := v.(map[string]any); isTable {
+		sz, err = c.table(m, depth+1)
+	} else {
+		for i, e := range v.([]any) {
+			es, err := c.value(e, depth+1)
+			if err != nil {
+				return headerSize{}, fmt.Errorf("[%d]: %w", i, err)
+			}
+			sz.add(es)
+			sz.height = max(sz.height, es.height)
+			if err := sz.check(); err != nil {
+				return headerSize{}, err
+			}
+		}
+	}
+	if err != nil {
+		return headerSize{}, err
+	}
+	sz.add(headerSize{values: 1})
+	sz.height++
+	rec.size, rec.done = sz, true // records never move: small is an array, more holds pointers
+	return sz, nil
+}
+
+// table checks the entries of t, a table found depth tables deep.
+func (c *headerCheck) table(t map[string]any, depth int) (headerSize, error) {
+	var sz headerSize
+	for k, v := range t {
+		if len(k) > maxKeyLen {
+			return headerSize{}, fmt.Errorf("key %.20q...: %w", k, ErrKeyTooLong)
+		}
+		vs, err := c.value(v, depth)
+		if err != nil {
+			return headerSize{}, fmt.Errorf("%q: %w", k, err)
+		}
+		sz.add(vs)
+		sz.add(headerSize{bytes: len(k)})
+		sz.height = max(sz.height, vs.height)
+		if err := sz.check(); err != nil {
+			return headerSize{}, err
+		}
+	}
+	return sz, nil
 }
 
 // hasNaN reports whether a validated value holds a NaN, which equals nothing.

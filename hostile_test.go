@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/internal/wal"
 )
 
 // cyclic values: a map and a slice that hold themselves.
@@ -365,6 +367,64 @@ var scenarios = map[string]func(t *testing.T){
 		m.Stop()
 		assert.ErrorIs(t, m.Publish("ev", 2), tinymq.ErrStopped)
 	},
+	"logger calls RegisterQueue while a durable queue is restored": func(t *testing.T) {
+		dir, _ := os.MkdirTemp("", "tinymq-reentrancy")
+		defer os.RemoveAll(dir)
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		durable := []tinymq.QueueOption{tinymq.WithQueueName("q"), tinymq.WithDurable()}
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, durable...))
+		require.NoError(t, m.Publish("ev", 1))
+		_ = m.Shutdown(context.Background()) // before Start: the message stays on disk
+
+		var once sync.Once
+		h := &callbackHandler{fn: func() {
+			once.Do(func() {
+				assert.NoError(t, m.RegisterQueue("other", tinymq.Fanout, failing, 1, tinymq.WithQueueName("other")))
+			})
+		}}
+		m = tinymq.New(tinymq.WithDataDir(dir), tinymq.WithLogger(slog.New(h)))
+		got := make(chan *tinymq.Msg, 1)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, durable...)) // logs the recovery
+		require.NoError(t, m.Start(context.Background()))
+		recv(t, got, 1)
+		m.Stop()
+		assert.Contains(t, m.Stats().Queues, "other", "the logger's RegisterQueue took effect")
+	},
+	"codec calls RegisterQueue while a dead letter is encoded for a durable queue": func(t *testing.T) {
+		dir, _ := os.MkdirTemp("", "tinymq-reentrancy")
+		defer os.RemoveAll(dir)
+		var m *tinymq.MQ
+		var once sync.Once
+		codec := &callbackCodec{fn: func() {
+			once.Do(func() { assert.NoError(t, m.RegisterQueue("other", tinymq.Fanout, failing, 1)) })
+		}}
+		m = tinymq.New(tinymq.WithDataDir(dir), tinymq.WithCodec(codec))
+		parked := make(chan *tinymq.Msg, 1)
+		require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, sink(parked), 1, tinymq.WithQueueName("parked"), tinymq.WithDurable()))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", "")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1)) // in memory: the codec runs when it dies into "parked"
+		recv(t, parked, 1)
+		m.Stop()
+		assert.Equal(t, uint64(1), m.Stats().Queues["parked"].Succeeded)
+	},
+	"logger panics when an fdatasync fails": func(t *testing.T) {
+		var fail atomic.Bool
+		defer tinymq.SetWALFaults(&wal.Faults{SyncErr: func(string) error {
+			if fail.Load() {
+				return syscall.EIO
+			}
+			return nil
+		}})()
+		dir, _ := os.MkdirTemp("", "tinymq-reentrancy")
+		defer os.RemoveAll(dir)
+		m := tinymq.New(tinymq.WithDataDir(dir), tinymq.WithLogger(slog.New(panicHandler{})))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		fail.Store(true)
+		assert.ErrorIs(t, m.Publish("ev", 1), tinymq.ErrLog)
+		m.Stop()
+	},
 	"logger calls Stop before Start": func(t *testing.T) {
 		var m *tinymq.MQ
 		h := &callbackHandler{fn: func() { m.Stop() }}
@@ -561,6 +621,16 @@ func (*callbackHandler) Enabled(context.Context, slog.Level) bool    { return tr
 func (h *callbackHandler) Handle(context.Context, slog.Record) error { h.fn(); return nil }
 func (h *callbackHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
 func (h *callbackHandler) WithGroup(string) slog.Handler             { return h }
+
+// callbackCodec is JSON that calls fn first, each time it encodes.
+type callbackCodec struct{ fn func() }
+
+func (c *callbackCodec) Marshal(v any) ([]byte, error) {
+	c.fn()
+	return tinymq.JSONCodec{}.Marshal(v)
+}
+func (*callbackCodec) Unmarshal(b []byte, v any) error { return tinymq.JSONCodec{}.Unmarshal(b, v) }
+func (*callbackCodec) ContentType() string             { return tinymq.JSONCodec{}.ContentType() }
 
 // TestReentrancy runs each scenario in a child process with a bound, so that
 // a crash or a hang of the MQ fails the scenario, not the test run.

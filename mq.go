@@ -24,8 +24,8 @@ const (
 // [New]; the zero MQ is ready to use too, with the default options. All its
 // methods are safe for concurrent use.
 type MQ struct {
-	// Concurrency map. The goroutines of an in-memory MQ, who starts each and
-	// who waits for it:
+	// Concurrency map. The goroutines of an MQ, who starts each and who
+	// waits for it:
 	//
 	//   - workers: concurrency per queue, started by Start (or by
 	//     RegisterQueue once running), each running one worker slot
@@ -35,26 +35,47 @@ type MQ struct {
 	//     drain closes schedQuit.
 	//   - the drain (drain): started by the first Stop or Shutdown of a
 	//     running MQ; it waits for quiescence (or the abort), closes the
-	//     queues and the scheduler, waits for wg and closes done, which every
-	//     Stop and Shutdown waits for.
+	//     queues and the scheduler, waits for wg, closes the log, waits for
+	//     the log's lines (waitLogs) and closes done, which every Stop and
+	//     Shutdown waits for.
+	//   - guards (owned.guard): one per call of user code other than a
+	//     consumer (a logger, a codec encoding a dead letter, the methods of
+	//     a consumer's error or panic value), started and joined by the
+	//     goroutine that needs the call.
+	//   - the log's lines (walLogger.log): one per line that the write-ahead
+	//     log reports after it opened, at most maxWalLogs at once, each
+	//     running a guard; started by the log's writer, which does not wait;
+	//     joined by waitLogs, after the log is closed.
+	//   - the log's writer (internal/wal): started by the log's Open, joined
+	//     by its Close (closeLog).
 	//   - the context callback (context.AfterFunc on Start's ctx): runs Stop
 	//     in a goroutine of its own when that ctx ends; drain unregisters it.
 	//
-	// Workers, the scheduler and the drain run user code (consumers, loggers)
-	// and register in own, so that a Stop they call does not wait for
-	// itself.
+	// User code runs in three places only, never under an MQ lock: a
+	// consumer in a worker's process (recovered per message); a filter or a
+	// Publish's codec on the publisher's goroutine with no lock held
+	// (recovered); everything else in a guard, whose goroutine registers in
+	// own, as workers, the scheduler and the drain do, so that a Stop it
+	// calls does not wait for itself. What is logged under the write lock is
+	// held (logHeld) and logged by unlock.
 	//
-	// Lock order: m.mu (read or write), then queue locks, several at once
-	// only in queue id order; a queue lock is never held while calling user
-	// code, the scheduler, or another queue's lock out of order. The
-	// scheduler's lock is never held together with a queue lock. Filters and
-	// loggers run with no lock held.
+	// Locks, in the order they may be taken: m.mu (read or write; the write
+	// lock is never held across user code or a log write, and Publish never
+	// holds the read lock across a log sync: see enqueueAdmitted), then
+	// ex.reserveMu (held across the commit of an ID reservation, with no MQ
+	// lock), then queue locks, several at once only in queue id order (see
+	// quiescent). The scheduler's lock, the durable log's d.mu, the
+	// dead-letter ring's lock and walLogger.mu are leaves: none is held while
+	// another of these locks is taken or user code runs; d.mu alone is held
+	// while the log takes an acknowledgement's batch, which waits for the
+	// log's writer only when a segment's worth is already waiting.
 	log       *slog.Logger
 	codec     Codec
 	engine    Engine // nil: in memory
 	dataDir   string
 	syncEvery time.Duration
 	repairLog bool
+	maxSize   int // WithMaxMessageSize; 0: defaultMaxMessageSize
 
 	initOnce sync.Once
 	own      owned // goroutine ids of the MQ's own goroutines
@@ -71,6 +92,8 @@ type MQ struct {
 	ctx       context.Context // the consumers' context, from Start
 	cancel    context.CancelFunc
 	stopAfter func() bool // unregisters the stop on Start's ctx
+
+	held []heldLog // lines logged under the write lock, for unlock to log
 
 	sched      *scheduler
 	wg         sync.WaitGroup // every worker, and the scheduler
@@ -90,7 +113,6 @@ type MQ struct {
 
 	dur        *durableLog // the write-ahead log once open; set under the write lock
 	anyDurable atomic.Bool // a durable queue is bound to some exchange
-	durErr     error       // why it could not be opened
 }
 
 // abortTally is what Shutdown's deadline left undone.
@@ -137,30 +159,51 @@ func (m *MQ) init() {
 
 // logAttrs logs msg at level with the attributes attrs adds to the slice it
 // is given; attrs is not called when the level is disabled. The logger is
-// user code, so it runs on a goroutine of its own, joined here: a panic in it
-// is recovered and forgotten, and a runtime.Goexit ends only that goroutine,
-// never a worker, the scheduler or the drain in the middle of their
-// bookkeeping. That goroutine counts as the MQ's own, so a logger that calls
-// Stop does not wait for itself. Logging happens only on failures, so the
-// goroutine (about a microsecond) is off the delivery path; the default
-// logger, which discards, costs nothing.
+// user code, so it runs through own.guard: a panic in it is recovered and
+// forgotten, a runtime.Goexit ends only the guard's goroutine, never a
+// worker, the scheduler or the drain in the middle of their bookkeeping, and
+// a logger that calls Stop does not wait for itself. The caller holds no MQ
+// lock (under the write lock, use logHeld). Logging happens only on
+// failures, so the goroutine (about a microsecond) is off the delivery path;
+// the default logger, which discards, costs nothing.
 func (m *MQ) logAttrs(level slog.Level, msg string, attrs func([]slog.Attr) []slog.Attr) {
 	if m.log == discardLogger {
 		return
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		id := m.own.enter()
-		defer m.own.leave(id)
-		defer func() { _ = recover() }()
+	m.own.guard(func() {
 		ctx := context.Background()
 		if !m.log.Enabled(ctx, level) {
 			return
 		}
 		m.log.LogAttrs(ctx, level, msg, attrs(make([]slog.Attr, 0, 8))...)
-	}()
-	<-done
+	})
+}
+
+// heldLog is a line to log once the write lock is released: loggers are
+// user code, which never runs under an MQ lock (it may call back into the
+// MQ).
+type heldLog struct {
+	level slog.Level
+	msg   string
+	attrs []slog.Attr
+}
+
+// logHeld has unlock log msg with attrs. The caller holds the write lock.
+func (m *MQ) logHeld(level slog.Level, msg string, attrs ...slog.Attr) {
+	if m.log == discardLogger {
+		return
+	}
+	m.held = append(m.held, heldLog{level: level, msg: msg, attrs: attrs})
+}
+
+// unlock releases the write lock, then logs what logHeld held.
+func (m *MQ) unlock() {
+	held := m.held
+	m.held = nil
+	m.mu.Unlock()
+	for _, l := range held {
+		m.logAttrs(l.level, l.msg, func(a []slog.Attr) []slog.Attr { return append(a, l.attrs...) })
+	}
 }
 
 // owned is the set of the MQ's own goroutines that run user code, by
@@ -176,6 +219,31 @@ func (o *owned) enter() uint64 {
 }
 
 func (o *owned) leave(id uint64) { o.ids.Delete(id) }
+
+// guard is the one place where the MQ's own goroutines run user code other
+// than a consumer's (loggers, codecs, the methods of a consumer's error or
+// panic value): it calls fn on a goroutine of its own, counted as the MQ's,
+// and waits for it. It returns the value of a panic in fn (recovered), and
+// whether fn returned; a runtime.Goexit in fn ends only that goroutine. The
+// caller holds no MQ lock, so fn may call back into the MQ; a fn that blocks
+// holds its caller, as a consumer that blocks holds its worker.
+func (o *owned) guard(fn func()) (panicked any, returned bool) {
+	done := make(chan struct{})
+	go func() {
+		id := o.enter()
+		defer func() {
+			if !returned {
+				panicked = recover()
+			}
+			o.leave(id)
+			close(done)
+		}()
+		fn()
+		returned = true
+	}()
+	<-done
+	return panicked, returned
+}
 
 // mine reports whether the calling goroutine is one of the MQ's own.
 func (o *owned) mine() bool {
@@ -215,7 +283,7 @@ func (m *MQ) DeclareExchange(name string, kind ExchangeType, opts ...ExchangeOpt
 		o.applyExchange(&cfg)
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if m.state >= stateStopping {
 		return ErrStopped
 	}
@@ -305,7 +373,7 @@ func (m *MQ) register(exchange string, kind ExchangeType, c consumer, concurrenc
 	}
 
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if m.state >= stateStopping {
 		return ErrStopped
 	}
@@ -358,7 +426,7 @@ func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...BindingOpti
 		return err
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if m.state >= stateStopping {
 		return ErrStopped
 	}
@@ -408,7 +476,7 @@ func (m *MQ) Start(ctx context.Context) error {
 	}
 	m.init()
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	switch m.state {
 	case stateRunning:
 		return ErrAlreadyStarted
@@ -428,9 +496,11 @@ func (m *MQ) Start(ctx context.Context) error {
 	}
 	if m.dur != nil {
 		for q, n := range m.dur.unregistered() {
-			m.logAttrs(slog.LevelWarn, "tinymq: the log holds messages of a durable queue that is not registered", func(a []slog.Attr) []slog.Attr {
-				return append(a, slog.String("queue", q), slog.Int("count", n))
-			})
+			msg := "tinymq: the log holds messages of a durable queue that is not registered"
+			if m.queues[q] != nil {
+				msg = "tinymq: the log holds messages of a durable queue that is registered without WithDurable"
+			}
+			m.logHeld(slog.LevelWarn, msg, slog.String("queue", q), slog.Int("count", n))
 		}
 	}
 	m.ctx, m.cancel = context.WithCancel(ctx)
@@ -578,6 +648,7 @@ func (m *MQ) beginStop() {
 			m.stopErr = fmt.Errorf("%w: %d messages published before Start were dropped by a stop before Start", ErrUndelivered, n)
 		}
 		m.closeLog()
+		m.waitLogs()
 		close(m.done)
 		return
 	}
@@ -611,6 +682,7 @@ wait:
 	close(m.schedQuit)
 	m.wg.Wait()
 	m.closeLog()
+	m.waitLogs()
 	m.cancel()
 	m.stopAfter()
 	close(m.done)

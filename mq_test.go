@@ -2,6 +2,7 @@ package tinymq_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -575,4 +576,33 @@ func TestConcurrentRegistrationPublishingAndStats(t *testing.T) {
 		assert.Equal(t, s.Queues[r.name].Accepted, uint64(r.got.Load()), "queue %s delivered all it accepted", r.name)
 		assert.GreaterOrEqual(t, r.got.Load(), after, "queue %s got every message published after it was registered", r.name)
 	}
+}
+
+// WithMaxMessageSize applies to every publish, in-memory queues included, as
+// RabbitMQ's max_message_size does: Data whose size is known without
+// encoding ([]byte, string, json.RawMessage, Encoded) is refused over the
+// limit; other values bound for in-memory queues are never encoded and have
+// no size to limit.
+func TestMaxMessageSize(t *testing.T) {
+	m := tinymq.New(tinymq.WithMaxMessageSize(10))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+		tinymq.WithQueueName("q")))
+	defer m.Stop() // never started: the messages wait
+	tests := []struct {
+		name string
+		data any
+		want error
+	}{
+		{"[]byte over", make([]byte, 11), tinymq.ErrTooLarge},
+		{"string over", "12345678901", tinymq.ErrTooLarge},
+		{"json.RawMessage over", json.RawMessage(`"123456789"`), tinymq.ErrTooLarge},
+		{"Encoded over", tinymq.Encoded{Body: make([]byte, 11)}, tinymq.ErrTooLarge},
+		{"[]byte at the limit", make([]byte, 10), nil},
+		{"string at the limit", "1234567890", nil},
+		{"a struct, never encoded", struct{ A [100]byte }{}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { require.ErrorIs(t, m.Publish("ev", tt.data), tt.want) })
+	}
+	require.Equal(t, 3, m.Stats().Queues["q"].Depth, "the queue holds only the messages accepted")
 }

@@ -127,7 +127,10 @@ func WithRoutingKey(key string) PublishOption {
 // Values must have an AMQP equivalent: nil, bool, the Go integer types but
 // uintptr (uint and uint64 only up to math.MaxInt64, AMQP's largest), the
 // float types, string, []byte, time.Time, []any and map[string]any of those,
-// nested at most 32 deep. Through a durable queue's log every value keeps its
+// nested at most 32 deep, holding at most 65536 values (nested ones
+// included) and 1 MiB of keys, strings and byte arrays in all, where a table
+// or array that appears in several places counts in each; a table or array
+// that contains itself is refused. Through a durable queue's log every value keeps its
 // Go type; a time.Time comes back as the same instant (compare with Equal).
 // Publish returns [ErrInvalidHeaders] otherwise. The map is shared with the
 // consumers, not copied: do not modify it after Publish.

@@ -70,7 +70,8 @@ func WithBindingKey(key string) BindingOption {
 // arguments: "x-match" ("all", the default, "any", "all-with-x" or "any-with-x")
 // and the header values to match; a nil value matches any value of that header.
 // Give it several times for several bindings; a message matching any of them is
-// delivered to the queue once. Only headers exchanges take it.
+// delivered to the queue once. Only headers exchanges take it. The arguments
+// obey the limits of [WithHeaders] on values, depth and size.
 func WithBindingArgs(args map[string]any) BindingOption {
 	return bindingOptionFunc(func(b *binding) error {
 		b.args = append(b.args, args)
@@ -133,6 +134,56 @@ type Option interface {
 type optionFunc func(*MQ)
 
 func (f optionFunc) applyMQ(m *MQ) { f(m) }
+
+// defaultMaxMessageSize is the default of WithMaxMessageSize: what a record
+// of the write-ahead log holds (1 GiB, internal/wal's maxBodyLen), less room
+// for the rest of the record (headers, at most about 2 MiB, routing key,
+// deaths, queue names).
+const defaultMaxMessageSize = 1<<30 - 4<<20
+
+// WithMaxMessageSize limits the size of the messages the MQ accepts to n
+// bytes, as RabbitMQ's max_message_size does; Publish refuses a larger one
+// with an error wrapping [ErrTooLarge], and no queue gets it. The size of a
+// message is the length of its Data when that is a []byte, a string, a
+// json.RawMessage or an [Encoded] (its Body), checked before anything else
+// for every publish, in-memory queues included; and, for a message that a
+// durable queue stores, also the length of its encoding by the [Codec],
+// checked before it is copied or written (a []byte encoded by [JSONCodec]
+// before it is encoded at all). Other values bound for in-memory queues are
+// never encoded and have no size to limit.
+//
+// The default, and the most a durable queue stores whatever n says, is
+// 1020 MiB: what a record of the log holds, less room for the message's
+// headers and routing. A zero or negative n means the default.
+func WithMaxMessageSize(n int) Option {
+	return optionFunc(func(m *MQ) { m.maxSize = max(n, 0) })
+}
+
+// maxMessageSize is the limit of WithMaxMessageSize.
+func (m *MQ) maxMessageSize() int {
+	if m.maxSize == 0 {
+		return defaultMaxMessageSize
+	}
+	return m.maxSize
+}
+
+// checkSize refuses data whose size, known without encoding it, is over the
+// limit of WithMaxMessageSize.
+func (m *MQ) checkSize(data any) error {
+	if n, ok := dataSize(data); ok && n > m.maxMessageSize() {
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrTooLarge, n, m.maxMessageSize())
+	}
+	return nil
+}
+
+// checkEncoded refuses an encoding of n bytes that a durable queue cannot
+// store: more than the limit of WithMaxMessageSize, or than the log holds.
+func (m *MQ) checkEncoded(n int) error {
+	if limit := min(m.maxMessageSize(), defaultMaxMessageSize); n > limit {
+		return fmt.Errorf("%w: encoded in %d bytes, more than %d", ErrTooLarge, n, limit)
+	}
+	return nil
+}
 
 // WithRetry gives the queue a retry policy. Without one, a message gets one
 // attempt. A message that used up its attempts, or whose consumer returned a

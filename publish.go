@@ -2,7 +2,6 @@ package tinymq
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -31,7 +30,8 @@ func (m *MQ) Publish(exchange string, data any, opts ...PublishOption) error {
 // not exist ([ErrUnknownExchange]); no queue matches and no alternate exchange
 // takes the message ([ErrNoRoute]); a matching queue is full
 // ([ErrQueueFull], wrapping ctx.Err() when waiting for room ended); an option
-// is invalid ([ErrKeyTooLong], [ErrInvalidHeaders], [ErrInvalidOption]); a
+// is invalid ([ErrKeyTooLong], [ErrInvalidHeaders], [ErrInvalidOption]); the
+// message is larger than [WithMaxMessageSize] allows ([ErrTooLarge]); a
 // filter panics ([*PanicError]); or Stop has begun ([ErrStopped]). Publishing
 // before Start is allowed: the message waits for Start. It is safe for
 // concurrent use.
@@ -45,6 +45,9 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 		if err := r.pc.apply(opts); err != nil {
 			return err
 		}
+	}
+	if err := m.checkSize(data); err != nil { // WithMaxMessageSize, before any copy or encoding
+		return err
 	}
 	if m.engine != nil {
 		return m.publishOnEngine(ctx, exchange, data, &r.pc)
@@ -195,9 +198,7 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 			dst, msgs = dst[:n], msgs[:n]
 		}
 		if len(dst) > 0 {
-			room, err := m.enqueue(r, dst, msgs, dl)
-			m.mu.RUnlock()
-			return room, err
+			return m.enqueue(r, dst, msgs, dl) // releases the read lock
 		}
 		if cur.cfg.alternate == "" {
 			break
@@ -277,7 +278,8 @@ func runFilters(dst []*queue, msgs []*Msg) (int, error) {
 
 // enqueue accepts the message into each of dst, as msgs[i] (or, when msgs
 // is nil, as r's Msg for dst[i]): all or none for a publish, every queue that
-// can take it for a dead letter. dst is read-only.
+// can take it for a dead letter. dst is read-only. The caller holds the read
+// lock, and enqueue releases it.
 func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (room <-chan struct{}, err error) {
 	internal := dl != nil
 	pc := &r.pc
@@ -297,7 +299,10 @@ func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (roo
 			now = time.Now()
 		}
 		id := r.ex.seq.Add(1)
-		m.reserveIDsIfLogged(r.ex, id)
+		if m.dur != nil && reserveDue(r.ex, id) {
+			// The ID's reservation may commit: not under the lock.
+			return m.enqueueAdmitted(r, dst, msgs, dl, id)
+		}
 		for i, q := range dst {
 			var msg *Msg
 			if msgs != nil {
@@ -306,12 +311,14 @@ func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (roo
 				msg = r.msgFor(q)
 			}
 			if err := q.accept(newEntry(msg, id, r.data), now, pc.ttl); err != nil {
+				m.mu.RUnlock()
 				return nil, err
 			}
 		}
+		m.mu.RUnlock()
 		return nil, nil
 	}
-	return m.enqueueAdmitted(r, dst, msgs, dl)
+	return m.enqueueAdmitted(r, dst, msgs, dl, 0)
 }
 
 // enqueueAdmitted is enqueue where a queue may refuse the message, or where
@@ -322,7 +329,15 @@ func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (roo
 // with the dead letter's source acknowledgement if any, and waits for the
 // sync; and only then do the queues take it, so that nothing a consumer can
 // see, or a Publish reports, is missing from the disk.
-func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (room <-chan struct{}, err error) {
+//
+// The log's write and sync (and the codec, for a message not encoded before
+// Publish took the lock) happen without the MQ's read lock, so that a
+// RegisterQueue or a Stop never waits for an fdatasync, nor the publishers
+// behind them; each queue that admitted the message counts it as inbound
+// meanwhile, so that a stopping MQ waits for it. id is the message's ID when
+// enqueue stamped it already, else 0. The caller holds the read lock, and
+// enqueueAdmitted releases it.
+func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLetter, id uint64) (room <-chan struct{}, err error) {
 	internal := dl != nil
 	pc, ex := &r.pc, r.ex
 	var qbuf [8]*queue
@@ -344,22 +359,35 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 			refused = err
 			continue
 		}
-		unreserve(adm)
+		unreserve(adm, false)
+		m.mu.RUnlock()
 		return room, err
 	}
 	if len(adm) == 0 {
+		m.mu.RUnlock()
 		return nil, refused
 	}
-	id := ex.seq.Add(1)
+	if id == 0 {
+		id = ex.seq.Add(1)
+	}
 	now := time.Now()
-	if err := m.logMessage(ex, id, now, adm, amsgs, r.data, pc, r.deaths, dl); err != nil {
-		ex.refused.Add(1)
-		unreserve(adm)
-		return nil, err
+	logged := m.dur != nil && (reserveDue(ex, id) || slices.ContainsFunc(adm, func(q *queue) bool { return q.cfg.durable }))
+	if logged {
+		for _, q := range adm {
+			q.holdInbound()
+		}
+		m.mu.RUnlock()
+		if err := m.logMessage(ex, id, now, adm, amsgs, r.data, pc, r.deaths, dl); err != nil {
+			ex.refused.Add(1)
+			unreserve(adm, true)
+			return nil, err
+		}
+	} else {
+		defer m.mu.RUnlock()
 	}
 	taken := 0
 	for i, q := range adm {
-		ev, err := q.acceptReserved(newEntry(amsgs[i], id, r.data), now, pc.delay, pc.ttl)
+		ev, err := q.acceptReserved(newEntry(amsgs[i], id, r.data), now, pc.delay, pc.ttl, logged)
 		if ev != nil {
 			r.evicted = append(r.evicted, eviction{q, ev})
 		}
@@ -380,7 +408,8 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 
 // logMessage writes the message to the log when some of dst are durable, and
 // gives those queues their own Msg with the encoded Data; otherwise it only
-// records the ID's use. It blocks for the sync.
+// records the ID's use. It blocks for the sync, so the caller holds no MQ
+// lock.
 func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, msgs []*Msg, data any, pc *publishConfig, deaths []Death, dl *deadLetter) error {
 	if !slices.ContainsFunc(dst, func(q *queue) bool { return q.cfg.durable }) {
 		m.reserveIDsIfLogged(ex, id)
@@ -388,9 +417,17 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 	}
 	d := m.dur // durable queues exist only once the log is open
 	body := pc.encoded
-	if body == nil { // before reserveIDs, which may hold ex.reserveMu until the commit: the codec is user code
+	raw, inPlace := jsonBytes(d.codec, data) // encoded straight into the record: no codec, no copy
+	switch {
+	case body != nil:
+		raw, inPlace = nil, false
+	case inPlace:
+		if err := m.checkEncoded(jsonBytesLen(len(raw))); err != nil {
+			return err
+		}
+	default: // before reserveIDs, which may hold ex.reserveMu until the commit: the codec is user code
 		var err error
-		if body, err = encodeData(d.codec, data); err != nil {
+		if body, err = m.encodeData(d.codec, data); err != nil {
 			return err
 		}
 	}
@@ -415,14 +452,18 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 			// A durable queue's Msg is its own, made by publish for this
 			// publish (durable queues never share their exchange's
 			// prototype), so it is filled in place.
-			dm := msgs[i]
-			dm.Data = Encoded{Body: body, Codec: d.codec}
-			dm.ext().dkey = key
+			msgs[i].ext().dkey = key
 		}
 	}
-	sc.val = rec.appendTo(sc.val)
-	b.Grow(len(kb) + len(sc.val) + 2*binary.MaxVarintLen32)
-	b.Put(kb, sc.val)
+	body, sc.val = rec.putIn(b, kb, sc.val, raw)
+	if inPlace { // body is in b's bytes, which the consumers keep: b is not reused
+		defer func() { sc.b = wal.Batch{} }()
+	}
+	for i, q := range dst {
+		if q.cfg.durable {
+			msgs[i].Data = Encoded{Body: body, Codec: d.codec}
+		}
+	}
 	if dl != nil && dl.src != nil {
 		dl.src(b)
 	}
@@ -522,9 +563,9 @@ func (m *MQ) reserveIDsIfLogged(ex *exchange, id uint64) {
 
 // unreserve gives back the room the queues held for a message they will not
 // get.
-func unreserve(qs []*queue) {
+func unreserve(qs []*queue, inbound bool) {
 	for _, q := range qs {
-		q.unreserve()
+		q.unreserve(inbound)
 	}
 }
 
@@ -545,14 +586,20 @@ func (m *MQ) preEncode(exchange string, data any, pc *publishConfig) (err error)
 		pc.encoded = e.Body
 		return nil
 	}
+	if raw, ok := jsonBytes(m.codec, data); ok { // logMessage encodes it in place
+		return m.checkEncoded(jsonBytesLen(len(raw)))
+	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: the codec panicked: %v", ErrPayloadType, r)
+			err = fmt.Errorf("%w: the codec panicked: %s", ErrPayloadType, valueText(r))
 		}
 	}()
 	b, err := m.codec.Marshal(data)
 	if err != nil {
 		return fmt.Errorf("%w: encoding: %w", ErrPayloadType, err)
+	}
+	if err := m.checkEncoded(len(b)); err != nil { // before any copy of it
+		return err
 	}
 	pc.encoded = b
 	return nil

@@ -161,6 +161,7 @@ type queue struct {
 	entered   uint64        // entries into buf or the scheduler: accepted messages and retries
 	expiryAt  int64         // when the scheduler checks the head for expiry; 0: no check pending
 	reserved  int           // room held for publishes between reserve and acceptReserved
+	inbound   int           // admitted publishes writing to the log without the MQ's lock: not quiescent
 	abortLost uint64        // what abort counted as undelivered, for drain to log
 
 	// The workers' counters below get a cache line of their own, away from
@@ -282,24 +283,34 @@ func (q *queue) reserve(internal bool) (room <-chan struct{}, err error) {
 	return nil, nil
 }
 
-// unreserve gives back room that reserve held.
-func (q *queue) unreserve() {
-	if q.cfg.maxLen == 0 {
+// unreserve gives back room that reserve held, and the hold of holdInbound
+// when inbound.
+func (q *queue) unreserve(inbound bool) {
+	if q.cfg.maxLen == 0 && !inbound {
 		return // reserve held nothing
 	}
 	q.mu.Lock()
-	q.reserved--
-	q.freeRoomLocked()
+	if q.cfg.maxLen > 0 {
+		q.reserved--
+		q.freeRoomLocked()
+	}
+	if inbound {
+		q.inbound--
+		q.reportIfQuiescentLocked()
+	}
 	q.mu.Unlock()
 }
 
 // acceptReserved enqueues e into the room reserve held (see enqueueLocked
-// for now, delay, ttl and the evicted message). It fails only when the
-// queue was aborted since; abort counted e as undelivered then.
-func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration) (evicted *Msg, err error) {
+// for now, delay, ttl and the evicted message), ending the hold of
+// holdInbound when inbound. It fails only when the queue was aborted since.
+func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration, inbound bool) (evicted *Msg, err error) {
 	q.mu.Lock()
 	if q.cfg.maxLen > 0 {
 		q.reserved--
+	}
+	if inbound {
+		q.inbound--
 	}
 	if q.closed {
 		q.mu.Unlock()
@@ -627,7 +638,17 @@ func (q *queue) reportIfQuiescentLocked() {
 }
 
 func (q *queue) quiescentLocked() bool {
-	return q.buf.n == 0 && q.scheduled == 0 && q.busy == 0
+	return q.buf.n == 0 && q.scheduled == 0 && q.busy == 0 && q.inbound == 0
+}
+
+// holdInbound counts a publish that q admitted and that now leaves the MQ's
+// read lock to write the log: until acceptReserved or unreserve, a stopping
+// MQ waits for it as for a message in the queue, so that Stop still sees
+// each publish completely or not at all.
+func (q *queue) holdInbound() {
+	q.mu.Lock()
+	q.inbound++
+	q.mu.Unlock()
 }
 
 // release moves a message that the scheduler found due into buf.

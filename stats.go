@@ -76,6 +76,11 @@ type QueueStats struct {
 	// that this process has not registered (yet): Depth and Ready count
 	// them, and every other field is zero. They are never deleted unasked.
 	Unregistered bool
+	// Stored counts the messages that the log holds for a durable queue of
+	// this name which this queue does not take, because it was registered
+	// without [WithDurable]. They are never deleted unasked: a later MQ that
+	// registers the queue WithDurable gets them.
+	Stored int
 
 	// ConsumerTime summarizes how long the consumer took, from a sample of
 	// the calls (every call when the queue is not busy).
@@ -113,7 +118,10 @@ func (m *MQ) Stats() Stats {
 	}
 	if m.dur != nil {
 		for name, n := range m.dur.unregistered() {
-			if _, ok := s.Queues[name]; !ok {
+			if qs, ok := s.Queues[name]; ok {
+				qs.Stored = n
+				s.Queues[name] = qs
+			} else {
 				s.Queues[name] = QueueStats{Depth: n, Ready: n, Durable: true, Unregistered: true}
 			}
 		}

@@ -49,6 +49,16 @@ func (b *Batch) Delete(key []byte) {
 	b.n++
 }
 
+// trim records that the log removed its segments below id: the writer
+// commits one before it removes a dead segment, so that Open can tell a
+// segment the log removed from one deleted behind its back.
+func (b *Batch) trim(id uint64) {
+	b.init()
+	b.buf = append(b.buf, opTrim)
+	b.buf = binary.AppendUvarint(b.buf, id)
+	b.n++
+}
+
 // Grow makes room for n more bytes of operations (an operation takes the
 // length of its key and value plus up to 21 bytes), so that the Puts and
 // Deletes that follow need not allocate. It never blocks.
@@ -84,4 +94,22 @@ func (b *Batch) record() []byte {
 	b.init()
 	binary.LittleEndian.PutUint32(b.buf[recHeaderLen+16:], uint32(b.n))
 	return b.buf
+}
+
+// PutSized is Put of a value of n bytes that the caller writes into the
+// returned slice (of length n) instead of copying one in, so that a large
+// value is made once, in the batch. Fill the slice before the next call on
+// b: a later Put or Delete may move the batch's bytes. The slice stays
+// readable after Commit; the caller that keeps it must not Reset and reuse
+// b, whose bytes the next batch would overwrite. It never blocks.
+func (b *Batch) PutSized(key []byte, n int) []byte {
+	b.Grow(1 + 2*binary.MaxVarintLen64 + len(key) + n)
+	b.buf = append(b.buf, opPut)
+	b.buf = binary.AppendUvarint(b.buf, uint64(len(key)))
+	b.buf = append(b.buf, key...)
+	b.buf = binary.AppendUvarint(b.buf, uint64(n))
+	start := len(b.buf)
+	b.buf = b.buf[:start+n]
+	b.n++
+	return b.buf[start : start+n : start+n]
 }

@@ -56,15 +56,21 @@
 // of one unsynced write may reach the disk in any order, so a crash can leave
 // a hole followed by valid records, none of which any Commit had been
 // promised. Each record carries that "synced" watermark, so the two cases are
-// told apart. Any other damage — a bad record followed by a record written
-// after it was synced, a bad segment that is not the last, a missing segment
-// — makes Open fail with a [*CorruptError] (wrapping [ErrCorrupt]) naming the
-// file and the offset, unless [Options].Repair is set; then the log is cut at
+// told apart. A last segment no longer than a header whose header cannot be
+// read is a torn creation, removed. Any other damage — a bad record followed
+// by a record written after it was synced, a bad segment that is not the
+// last, a segment that ends before the record the next segment's header
+// starts at, a gap in the segment ids, an oldest segment missing (one that no
+// trim record, see below, says the log removed) — makes Open fail with a
+// [*CorruptError] (wrapping [ErrCorrupt]) naming the file and the offset, and
+// change nothing, unless [Options].Repair is set; then the log is cut at
 // the first bad byte (its longest valid prefix is kept), the cut bytes are
 // kept in files named "<segment>.corrupt-<offset>" (offset 0: the whole
-// segment), and the cuts are reported by [Log.Recovery] and logged. Damage to
-// the very last write of a log (bit rot after its sync) looks like a torn
-// tail and is cut as one: no format can tell them apart.
+// segment), and the cuts are reported by [Log.Recovery] and logged; missing
+// oldest segments are reported and what follows them is kept. Damage to the
+// very last write of a log (bit rot after its sync, or a truncation of the
+// last segment at a record's end) looks like a torn tail and is cut as one:
+// nothing in the log can tell them apart.
 //
 // Open ends with an fdatasync of the last segment, so that what it replayed
 // from the page cache of a crashed process is durable before it is used.
@@ -73,7 +79,9 @@
 //
 // The oldest segment is deleted once none of its Puts holds a live value (its
 // Deletes can only cancel Puts in it or in older segments, which are gone
-// already). When the oldest segment holds little live data (under a quarter
+// already), after a trim record naming the next segment is synced in the
+// head, so that Open can tell the segments the log removed from one deleted
+// behind its back. When the oldest segment holds little live data (under a quarter
 // of its bytes, once a segment newer than the head's predecessor exists), or
 // whatever it holds once the directory exceeds twice the live data plus two
 // segments (so that a backlog in the oldest segment cannot pin every dead
@@ -109,9 +117,11 @@
 //	                       fdatasynced when this one was written (< seq)
 //	              4 bytes  number of ops
 //	              ops, each:
-//	                1 byte   kind: 1 Put, 2 Delete
-//	                uvarint  key length, then the key
+//	                1 byte   kind: 1 Put, 2 Delete, 3 Trim
+//	                Put, Delete: uvarint key length, then the key
 //	                Put only: uvarint value length, then the value
+//	                Trim: uvarint segment id; the segments below it are
+//	                      removed (the writer's own records)
 //
 // Varints must be minimal and the ops must fill the body exactly. The salt
 // makes a record copied from another segment, or carried inside a value,
@@ -120,5 +130,8 @@
 // record goes into it, and a segment is synced before the next one is
 // started, so only the last segment can have a torn tail. The directory is
 // also synced when a segment is removed or renamed. dir/LOCK holds the flock
-// that keeps a second Log, in any process, off the directory.
+// that keeps a second Log, in any process, off the directory, and as its
+// first line the pid of the holder, which a refused Open names. The log
+// creates its directory 0700 and its files 0600, and opens no file through a
+// symbolic link (O_NOFOLLOW; an Lstat check where there is none).
 package wal

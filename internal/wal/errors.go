@@ -10,7 +10,8 @@ import (
 // of these with more context, so match them with [errors.Is].
 var (
 	// ErrLocked is returned by Open when another Log, in this process or in
-	// another one, holds the directory.
+	// another one, holds the directory. The error wrapping it names the
+	// holder's process id when the LOCK file tells it.
 	ErrLocked = errors.New("wal: directory locked by another Log")
 
 	// ErrCorrupt is returned by Open when the log is damaged before its tail and
@@ -39,7 +40,8 @@ var (
 
 // CorruptError is the error of Open for a log damaged before its tail: a bad
 // record followed by one written after it was synced, a bad segment that is
-// not the last one, or a missing segment. It wraps [ErrCorrupt].
+// not the last one, a segment cut short before the next one, or a missing
+// segment (the oldest included). It wraps [ErrCorrupt].
 type CorruptError struct {
 	// File is the path of the damaged segment.
 	File string

@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"errors"
 	"io"
 	"os"
 )
@@ -27,9 +28,13 @@ type file interface {
 	Close() error
 }
 
+// osFS keeps the log private and refuses what a stranger may have planted in
+// its directory: it creates directories 0700 and files 0600, and opens a file
+// only if it is a regular file, never through a symbolic link (whose target,
+// anywhere, would be truncated and overwritten).
 type osFS struct{}
 
-func (osFS) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o755) }
+func (osFS) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o700) }
 
 func (osFS) ReadDir(dir string) ([]string, error) {
 	ents, err := os.ReadDir(dir)
@@ -44,11 +49,42 @@ func (osFS) ReadDir(dir string) ([]string, error) {
 }
 
 func (osFS) OpenFile(name string, flag int) (file, error) {
-	f, err := os.OpenFile(name, flag, 0o644)
+	f, err := openNoFollow(name, flag, 0o600)
 	if err != nil {
 		return nil, err
 	}
+	if err := checkRegular(f); err != nil {
+		f.Close()
+		return nil, err
+	}
 	return osFile{f}, nil
+}
+
+var (
+	errSymlink    = errors.New("is a symbolic link; the log does not follow links")
+	errNotRegular = errors.New("not a regular file")
+)
+
+// symlinkError turns the error of an O_NOFOLLOW open of a symbolic link
+// (ELOOP on Linux, EMLINK on FreeBSD, EFTYPE on NetBSD) into one that says so.
+func symlinkError(name string, err error) error {
+	if st, lerr := os.Lstat(name); lerr == nil && st.Mode()&os.ModeSymlink != 0 {
+		return &os.PathError{Op: "open", Path: name, Err: errSymlink}
+	}
+	return err
+}
+
+// checkRegular returns an error unless f is a regular file (not a directory,
+// a FIFO or a device planted under a segment's name).
+func checkRegular(f *os.File) error {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return &os.PathError{Op: "open", Path: f.Name(), Err: errNotRegular}
+	}
+	return nil
 }
 
 func (osFS) Remove(name string) error     { return os.Remove(name) }

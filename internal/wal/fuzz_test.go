@@ -20,11 +20,14 @@ func seedRecords() [][]byte {
 	mixed.Put([]byte("a"), bytes.Repeat([]byte{0xab}, 200)) // two-byte varint
 	mixed.Delete([]byte("b"))
 	mixed.Put(nil, nil)
+	var trim Batch
+	trim.trim(1 << 33)
 	r1 := seal(&one, 7, 5)
 	return [][]byte{
 		seal(&empty, 1, 0),
 		r1,
 		seal(&mixed, 1<<40, 1<<40-1),
+		seal(&trim, 9, 8),
 		r1[:len(r1)-1],                 // torn
 		append(bytes.Clone(r1), r1...), // two records back to back
 		{},
@@ -68,6 +71,8 @@ func check(t *testing.T, data []byte) {
 			b.Put(o.key, o.val)
 		case opDelete:
 			b.Delete(o.key)
+		case opTrim:
+			b.trim(o.seg)
 		default:
 			t.Fatalf("op kind %d accepted", o.kind)
 		}

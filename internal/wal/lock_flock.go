@@ -4,20 +4,25 @@ package wal
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"syscall"
 )
 
-// lockFile takes an exclusive, non-blocking flock(2) on path, creating it. The
-// lock belongs to the open file description, so a second lockFile of the same
+// lockFile takes an exclusive, non-blocking flock(2) on path, creating it
+// (0600) and refusing to follow a symbolic link planted there. The lock
+// belongs to the open file description, so a second lockFile of the same
 // path fails in this process as in any other; it is released when the
-// returned file is closed, or when the process dies.
+// returned file is closed, or when the process dies. Once the lock is held it
+// writes the process id into the file; a refused lockFile reads it back and
+// names the holder in its error, which wraps ErrLocked.
 func lockFile(path string) (io.Closer, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := openNoFollow(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkRegular(f); err != nil {
+		f.Close()
 		return nil, err
 	}
 	rc, err := f.SyscallConn()
@@ -37,16 +42,16 @@ func lockFile(path string) (io.Closer, error) {
 		return nil, err
 	}
 	if ferr != nil {
-		f.Close()
 		if errors.Is(ferr, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s", ErrLocked, path)
+			buf := make([]byte, maxPIDLine)
+			n, _ := f.ReadAt(buf, 0)
+			f.Close()
+			return nil, lockedError(path, buf[:n])
 		}
+		f.Close()
 		return nil, &os.PathError{Op: "flock", Path: path, Err: ferr}
 	}
-	// The pid is for people looking at the directory; the lock is the flock.
-	if err := f.Truncate(0); err == nil {
-		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
+	writePID(f)
 	return f, nil
 }
 

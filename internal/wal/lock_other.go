@@ -3,10 +3,10 @@
 package wal
 
 import (
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 )
 
@@ -25,6 +25,9 @@ func (l localLock) Close() error {
 	return nil
 }
 
+// lockFile creates path (0600, not following a symbolic link planted there)
+// and marks it held in this process; a second lockFile of it fails with an
+// error wrapping ErrLocked until the returned Closer is closed.
 func lockFile(path string) (io.Closer, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -33,12 +36,17 @@ func lockFile(path string) (io.Closer, error) {
 	localLocksMu.Lock()
 	defer localLocksMu.Unlock()
 	if localLocks[abs] {
-		return nil, fmt.Errorf("%w: %s", ErrLocked, path)
+		return nil, lockedError(path, strconv.AppendInt(nil, int64(os.Getpid()), 10))
 	}
-	f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := openNoFollow(abs, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
+	if err := checkRegular(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	writePID(f)
 	f.Close()
 	localLocks[abs] = true
 	return localLock{abs}, nil

@@ -2,7 +2,9 @@ package wal
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,7 +30,9 @@ const (
 //
 // Goroutines: one writer (run), started by Open and joined by Close (it closes
 // done). It alone writes, syncs, rolls, compacts and removes segments, and
-// mutates index and segs. Nothing else is started.
+// mutates index and segs. Nothing else is started. Open (on its caller's
+// goroutine) and the writer call Options.Log, the owner's callback, with no
+// lock held; the log calls no user code but the fn given to Range.
 //
 // Locks (taken in this order, never the other way; no user code runs under
 // any of them except readers, see below):
@@ -48,7 +52,7 @@ type Log struct {
 	dir  string
 	opts Options
 	fs   fileSystem
-	log  *slog.Logger
+	log  func(level slog.Level, msg string, attrs ...slog.Attr) // Options.Log
 	lock io.Closer
 
 	recovery Recovery // set by Open, read-only afterwards
@@ -133,8 +137,15 @@ func parseSegName(name string) (uint64, bool) {
 // Open opens the log in dir, creating dir if needed, and replays it: the live
 // state is rebuilt in memory as an index of keys to value positions (values
 // stay on disk). Open takes an exclusive lock on dir (a flock on dir/LOCK) and
-// fails with an error wrapping [ErrLocked] while another Log, in this process
-// or another, has it.
+// fails with an error wrapping [ErrLocked], naming the process that holds it,
+// while another Log, in this process or another, has it. Open creates dir
+// (0700) and the log's files (0600) private, and never follows a symbolic
+// link planted in dir: a LOCK or a segment that is one fails Open.
+//
+// An Open that fails keeps nothing: it releases the lock and every file it
+// opened, and leaves no goroutine. One that refuses the directory (ErrLocked,
+// ErrCorrupt) has changed none of the log's segments, so it can be called
+// again once the cause is gone.
 //
 // A torn tail (an incomplete or damaged last write, as a crash leaves it; see
 // the package documentation) is cut and reported by [Log.Recovery]. Damage
@@ -162,13 +173,16 @@ func open(dir string, opts Options, fsys fileSystem) (*Log, error) {
 	}
 	lock, err := lockFile(filepath.Join(dir, lockName))
 	if err != nil {
-		return nil, err
+		if errors.Is(err, ErrLocked) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("wal: lock: %w", err)
 	}
 	l := &Log{
 		dir:        dir,
 		opts:       opts,
 		fs:         fsys,
-		log:        opts.Logger,
+		log:        opts.Log,
 		lock:       lock,
 		index:      make(map[string]loc),
 		reqs:       make(chan *request, reqQueueLen),
@@ -180,9 +194,14 @@ func open(dir string, opts Options, fsys fileSystem) (*Log, error) {
 	// worth keeps groups, and so the disk between maintenance steps, bounded.
 	l.async.limit = int(min(maxAsyncRecord, opts.SegmentSize/8))
 	l.async.behind = int(min(maxGroupBytes, opts.SegmentSize))
+	opened := false
+	defer func() {
+		if !opened { // a failed Open keeps nothing; no goroutine is started before
+			l.closeFiles()
+			lock.Close()
+		}
+	}()
 	if err := l.recover(); err != nil {
-		l.closeFiles()
-		lock.Close()
 		return nil, err
 	}
 	// What was replayed may have been in the page cache only (the last process
@@ -190,14 +209,13 @@ func open(dir string, opts Options, fsys fileSystem) (*Log, error) {
 	// other segment was synced before the one after it was created.
 	head := l.head()
 	if err := head.f.Datasync(); err != nil {
-		l.closeFiles()
-		lock.Close()
 		return nil, fmt.Errorf("wal: fdatasync %s: %w", head.path, err)
 	}
 	l.syncs.Add(1)
 	l.w.nextSeq = head.firstSeq + head.records
 	l.w.written = l.w.nextSeq - 1
 	l.w.synced = l.w.written
+	opened = true
 	go l.run()
 	return l, nil
 }
@@ -478,6 +496,97 @@ func (l *Log) Range(fn func(key, val []byte) bool) error {
 		}
 		if !fn([]byte(e.key), val) {
 			return nil
+		}
+	}
+	return nil
+}
+
+// scanChunk is the most that Scan reads at once, and scanGap the largest
+// stretch of dead bytes it reads through rather than start another read: a
+// page-cache copy of a few KiB costs less than a system call.
+const (
+	scanChunk = 1 << 20
+	scanGap   = 4 << 10
+)
+
+// Scan calls fn for every live key and its value in the order of their
+// positions in the log (oldest segment first, then by offset), until fn
+// returns false. As for Range, the keys come from a snapshot of the index
+// taken when Scan starts. Unlike Range, it reads the segment files
+// sequentially, many values per read (up to 1 MiB, skipping dead stretches
+// longer than a few KiB), and hands fn the index's own key string, which fn
+// may keep; val is only valid until fn returns.
+//
+// fn may call any method of the Log. While Scan runs, the writer postpones
+// removing dead segments. Scan blocks for a sort of the positions (about
+// 100ns per key) and for the reads. It returns the first read error, or
+// [ErrClosed] after Close.
+func (l *Log) Scan(fn func(key string, val []byte) bool) error {
+	if l.isClosed.Load() {
+		return ErrClosed
+	}
+	l.readers.RLock()
+	defer l.readers.RUnlock()
+	type entry struct {
+		key  string
+		off  int64
+		vlen uint32
+		seg  uint32 // index in segs
+	}
+	l.mu.Lock()
+	segs := slices.Clone(l.segs)
+	sizes := make([]int64, len(segs))
+	for i, s := range segs {
+		sizes[i] = s.size
+	}
+	ents := make([]entry, 0, len(l.index))
+	first := segs[0].id
+	for k, lc := range l.index {
+		ents = append(ents, entry{k, lc.off, lc.vlen, uint32(lc.seg - first)})
+	}
+	l.mu.Unlock()
+	// Sorted by one integer, segment and offset packed, when they fit.
+	if len(segs) <= 1<<20 && slices.IndexFunc(sizes, func(n int64) bool { return n >= 1<<44 }) < 0 {
+		pos := func(e *entry) uint64 { return uint64(e.seg)<<44 | uint64(e.off) }
+		slices.SortFunc(ents, func(a, b entry) int { return cmp.Compare(pos(&a), pos(&b)) })
+	} else {
+		slices.SortFunc(ents, func(a, b entry) int {
+			if a.seg != b.seg {
+				return cmp.Compare(a.seg, b.seg)
+			}
+			return cmp.Compare(a.off, b.off)
+		})
+	}
+	var buf []byte
+	for i := 0; i < len(ents); {
+		// One read from ents[i] to the end of the last value after it that
+		// fits in scanChunk with no gap wider than scanGap.
+		start, seg := ents[i].off, ents[i].seg
+		end := start + int64(ents[i].vlen)
+		j := i + 1
+		for ; j < len(ents) && ents[j].seg == seg; j++ {
+			e := ents[j]
+			if e.off-end > scanGap || e.off+int64(e.vlen)-start > scanChunk {
+				break
+			}
+			end = max(end, e.off+int64(e.vlen))
+		}
+		if end > sizes[seg] {
+			return l.readErr(segs[seg].id, io.ErrUnexpectedEOF) // the index points past the segment: a bug
+		}
+		if int64(cap(buf)) < end-start {
+			buf = make([]byte, end-start)
+		}
+		win := buf[:end-start]
+		if err := readFull(segs[seg].f, win, start); err != nil {
+			return l.readErr(segs[seg].id, err)
+		}
+		for ; i < j; i++ {
+			e := &ents[i]
+			v := win[e.off-start : e.off-start+int64(e.vlen)]
+			if !fn(e.key, v[:len(v):len(v)]) {
+				return nil
+			}
 		}
 	}
 	return nil

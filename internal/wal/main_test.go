@@ -13,7 +13,8 @@ import (
 )
 
 // lockChildEnv makes the test binary, re-executed by TestLockOtherProcess, try
-// to Open the directory it names and report the outcome on stdout.
+// to Open the directory it names and report the outcome on stdout: "opened",
+// "locked: " and the error, or "error: " and the error.
 const lockChildEnv = "WAL_TEST_LOCK_CHILD_DIR"
 
 func TestMain(m *testing.M) {
@@ -21,7 +22,7 @@ func TestMain(m *testing.M) {
 		l, err := Open(dir, Options{})
 		switch {
 		case errors.Is(err, ErrLocked):
-			fmt.Println("locked")
+			fmt.Println("locked:", err)
 		case err != nil:
 			fmt.Println("error:", err)
 		default:

@@ -45,9 +45,14 @@ type Options struct {
 	// [Log.Recovery] and logged.
 	Repair bool
 
-	// Logger receives what Open cut and the error that failed the log, at Warn
-	// and Error level. Nil discards.
-	Logger *slog.Logger
+	// Log, if not nil, is told what cannot be returned as an error: each cut
+	// that Open made (at Warn level, with the attributes file, offset, bytes,
+	// torn, saved_as and reason) and the error that failed the log (at Error
+	// level, with dir and err). It is called from the log's goroutines (Open's
+	// caller and the writer), with no lock of the log held; it must not block
+	// or call back into the log. The log never calls user code itself: the
+	// owner of the Log adapts this to its logger and guards it. Nil discards.
+	Log func(level slog.Level, msg string, attrs ...slog.Attr)
 
 	// Faults, for tests only, injects disk failures and reports syncs.
 	Faults *Faults
@@ -63,8 +68,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.SegmentSize == 0 {
 		o.SegmentSize = DefaultSegmentSize
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+	if o.Log == nil {
+		o.Log = func(slog.Level, string, ...slog.Attr) {}
 	}
 	return o, nil
 }

@@ -16,10 +16,14 @@ const (
 	minBodyLen    = bodyPrefixLen
 	maxBodyLen    = 1 << 30
 
-	formatVersion = 1
+	// formatVersion is the version of the segments this code writes. Version
+	// 2 added trim records (opTrim); version 1 segments, which the log wrote
+	// before, are still read (see recoverer.checkOldest).
+	formatVersion = 2
 
 	opPut    byte = 1
 	opDelete byte = 2
+	opTrim   byte = 3 // the segments below a given id were removed (see Log.removeDead)
 )
 
 var (
@@ -45,6 +49,7 @@ type segHeader struct {
 	id       uint64 // equals the number in the file name
 	firstSeq uint64 // seq of the segment's first record
 	salt     uint32 // random per segment, seeds every record CRC
+	version  uint16 // format version it was written in (encode writes formatVersion)
 }
 
 func (h segHeader) encode() []byte {
@@ -68,13 +73,15 @@ func decodeHeader(b []byte) (segHeader, error) {
 	if [6]byte(b[:6]) != magic {
 		return segHeader{}, fmt.Errorf("%w: magic %q", errHeader, b[:6])
 	}
-	if v := binary.LittleEndian.Uint16(b[6:]); v != formatVersion {
-		return segHeader{}, fmt.Errorf("%w: format version %d, want %d", errHeader, v, formatVersion)
+	v := binary.LittleEndian.Uint16(b[6:])
+	if v < 1 || v > formatVersion {
+		return segHeader{}, fmt.Errorf("%w: format version %d, want 1 to %d", errHeader, v, formatVersion)
 	}
 	return segHeader{
 		id:       binary.LittleEndian.Uint64(b[8:]),
 		firstSeq: binary.LittleEndian.Uint64(b[16:]),
 		salt:     binary.LittleEndian.Uint32(b[24:]),
+		version:  v,
 	}, nil
 }
 
@@ -105,7 +112,8 @@ type op struct {
 	kind   byte
 	key    []byte
 	val    []byte
-	valOff int // offset of val from the start of the record
+	valOff int    // offset of val from the start of the record
+	seg    uint64 // opTrim: the oldest segment id the log still holds
 }
 
 // cost is the encoded size of the op, the unit of the live-bytes accounting.
@@ -167,6 +175,18 @@ func decodeBody(rec []byte, ops []op) (record, error) {
 		}
 		o := op{kind: rec[p]}
 		p++
+		if o.kind == opTrim {
+			v, m := binary.Uvarint(rec[p:])
+			if m <= 0 {
+				return record{}, fmt.Errorf("%w: bad segment id", errBody)
+			}
+			if m != uvarintLen(v) {
+				return record{}, errNotMinimal
+			}
+			o.seg, p = v, p+m
+			r.ops = append(r.ops, o)
+			continue
+		}
 		if o.kind != opPut && o.kind != opDelete {
 			return record{}, fmt.Errorf("%w: op kind %d", errBody, o.kind)
 		}

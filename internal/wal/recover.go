@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -50,14 +51,23 @@ func (l *Log) recover() error {
 			break
 		}
 	}
-	if len(l.segs) > 0 {
-		return nil
-	}
-	seg, err := l.createSegment(nextID, nextSeq)
-	if err != nil {
+	// Nothing is changed (but by Repair) until the log is known acceptable.
+	if err := r.checkOldest(); err != nil {
 		return err
 	}
-	l.segs = append(l.segs, seg)
+	if err := r.cutTorn(); err != nil {
+		return err
+	}
+	if len(l.segs) == 0 {
+		seg, err := l.createSegment(nextID, nextSeq)
+		if err != nil {
+			return err
+		}
+		l.segs = append(l.segs, seg)
+	}
+	if r.retrim {
+		return r.writeTrim()
+	}
 	return nil
 }
 
@@ -68,6 +78,15 @@ type recoverer struct {
 	taken map[string]bool // names in the directory
 	rbuf  []byte
 	ops   []op
+
+	torn   *tornCut // the torn tail to cut, found by replay
+	retrim bool     // Repair accepted missing oldest segments: write a trim record
+
+	// The segment being replayed is read ahead in windows of replayChunk
+	// bytes: win holds the bytes of winF from winOff.
+	win    []byte
+	winF   file
+	winOff int64
 }
 
 func (r *recoverer) path(i int) string { return filepath.Join(r.l.dir, segName(r.ids[i])) }
@@ -94,6 +113,7 @@ func (r *recoverer) replay(i int, last bool, nextSeq *uint64) (stop bool, err er
 		return false, fmt.Errorf("wal: read %s: %w", path, rerr)
 	}
 	h, herr := decodeHeader(hb[:n])
+	unreadable := herr != nil
 	if herr == nil && h.id != r.ids[i] {
 		herr = fmt.Errorf("%w: it names segment %d", errHeader, h.id)
 	}
@@ -102,16 +122,12 @@ func (r *recoverer) replay(i int, last bool, nextSeq *uint64) (stop bool, err er
 	}
 	if herr != nil {
 		f.Close()
-		if last && size <= headerLen {
+		if last && size <= headerLen && unreadable {
 			// A crash while the segment was being created: no record can be in
 			// it, since records are written only after its header is synced.
-			if err := l.fs.Remove(path); err != nil {
-				return false, fmt.Errorf("wal: %w", err)
-			}
-			if err := l.fs.SyncDir(l.dir); err != nil {
-				return false, fmt.Errorf("wal: %w", err)
-			}
-			r.report(Cut{File: path, Bytes: size, Torn: true, Reason: herr.Error()})
+			// A whole header that names another segment or seq is no crash's:
+			// it says what the segments before it held.
+			r.torn = &tornCut{Cut: Cut{File: path, Bytes: size, Torn: true, Reason: herr.Error()}}
 			return true, nil
 		}
 		return true, r.corrupt(i, nil, 0, herr.Error())
@@ -141,7 +157,8 @@ func (r *recoverer) replay(i int, last bool, nextSeq *uint64) (stop bool, err er
 					if found > 0 {
 						reason += fmt.Sprintf(" (and %d later records of the same unsynced write)", found)
 					}
-					return false, r.cutTail(seg, off, size, reason)
+					r.torn = &tornCut{Cut: Cut{File: path, Offset: off, Bytes: size - off, Torn: true, Reason: reason}, seg: seg}
+					return false, nil
 				}
 				err = fmt.Errorf("%w, and a later record shows it had been synced", err)
 			}
@@ -157,16 +174,91 @@ func (r *recoverer) replay(i int, last bool, nextSeq *uint64) (stop bool, err er
 	return false, nil
 }
 
-// cutTail truncates the last segment at off, cutting a torn tail.
-func (r *recoverer) cutTail(seg *segment, off, size int64, reason string) error {
-	if err := seg.f.Truncate(off); err != nil {
-		return fmt.Errorf("wal: %w", err)
+// tornCut is a torn tail that the replay found, cut by cutTorn once the
+// whole log is known to be acceptable.
+type tornCut struct {
+	Cut
+	seg *segment // the last segment, cut at Offset; nil: remove File, a torn creation
+}
+
+// cutTorn cuts the torn tail found by the replay, if any: it truncates the
+// last segment, or removes a last segment whose creation a crash interrupted.
+// It runs after every check, so that an Open that refuses the log has
+// changed nothing.
+func (r *recoverer) cutTorn() error {
+	c := r.torn
+	if c == nil {
+		return nil
 	}
-	if err := seg.f.Datasync(); err != nil {
-		return fmt.Errorf("wal: %w", err)
+	l := r.l
+	if c.seg == nil {
+		if err := l.fs.Remove(c.File); err != nil {
+			return fmt.Errorf("wal: %w", err)
+		}
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return fmt.Errorf("wal: %w", err)
+		}
+	} else {
+		if err := c.seg.f.Truncate(c.Offset); err != nil {
+			return fmt.Errorf("wal: %w", err)
+		}
+		if err := c.seg.f.Datasync(); err != nil {
+			return fmt.Errorf("wal: %w", err)
+		}
+		l.syncs.Add(1)
 	}
-	r.l.syncs.Add(1)
-	r.report(Cut{File: seg.path, Offset: off, Bytes: size - off, Torn: true, Reason: reason})
+	r.report(c.Cut)
+	return nil
+}
+
+// checkOldest refuses a log whose oldest segments are missing, or with
+// Repair reports them and has Open write a trim record (see retrim). The log
+// removes a segment only after a trim record naming the next one is synced
+// (see Log.removeDead), so the oldest segment left must be one a trim record
+// allows, or, if none does, the log's first (its first record is record 1).
+// A version 1 segment was written before trim records existed: with no trim
+// record yet, such a log cannot tell a segment it removed from one that went
+// missing, and is taken as it is (as the log's earlier versions did), until
+// the log's own removals give it trim records.
+func (r *recoverer) checkOldest() error {
+	l := r.l
+	if len(l.segs) == 0 {
+		return nil
+	}
+	s, t := l.segs[0], l.w.trimmed
+	if (t == 0 && (s.firstSeq == 1 || s.version == 1)) || (t > 0 && s.id <= t) {
+		return nil
+	}
+	reason := fmt.Sprintf("the segments before it are missing: its first record is %d, and no record says the log removed them", s.firstSeq)
+	if t > 0 {
+		reason = fmt.Sprintf("segments %s to %s are missing: the log removed only those before %s",
+			segName(t), segName(s.id-1), segName(t))
+	}
+	if !l.opts.Repair {
+		return &CorruptError{File: s.path, Offset: 0, Reason: reason}
+	}
+	r.report(Cut{File: filepath.Join(l.dir, segName(s.id-1)), Reason: reason})
+	r.retrim = true
+	return nil
+}
+
+// writeTrim appends to the head a trim record that allows the oldest
+// segment, after a repair that accepted missing segments before it, so that
+// the next Open does not refuse the repaired log. Its synced watermark is 0
+// (it claims nothing); Open syncs it with the replayed log.
+func (r *recoverer) writeTrim() error {
+	l := r.l
+	head, id := l.head(), l.segs[0].id
+	var b Batch
+	b.trim(id)
+	rec := b.record()
+	sealRecord(rec, head.firstSeq+head.records, 0, head.salt)
+	if _, err := head.f.WriteAt(rec, head.size); err != nil {
+		return fmt.Errorf("wal: write %s: %w", head.path, err)
+	}
+	head.size += int64(len(rec))
+	head.records++
+	l.w.trimmed = max(l.w.trimmed, id)
 	return nil
 }
 
@@ -175,14 +267,53 @@ type ioError struct{ err error }
 
 func (e *ioError) Error() string { return e.err.Error() }
 
-// read reads and decodes the record at off of a file of the given size.
+// replayChunk is how much of a segment the replay reads at once.
+const replayChunk = 1 << 20
+
+// read reads and decodes the record at off of a file of the given size. It
+// decodes from a window read ahead (one read per replayChunk rather than two
+// per record); a record that the window cannot hold, or that fails to decode
+// from it, is read on its own by readRecord, which says why.
 func (r *recoverer) read(f file, off, size int64, salt uint32) (record, int, error) {
+	if rec, n, ok := r.readWindow(f, off, size, salt); ok {
+		return rec, n, nil
+	}
 	var err error
 	var rec record
 	var n int
 	r.rbuf, rec, n, err = readRecord(f, off, size, salt, r.rbuf, r.ops)
 	r.ops = rec.ops
 	return rec, n, err
+}
+
+// readWindow decodes the record at off from the window, reading the window
+// again from off when it does not hold the record. It reports false when the
+// record does not decode from a window (too large, damaged, or a read error).
+func (r *recoverer) readWindow(f file, off, size int64, salt uint32) (record, int, bool) {
+	for refilled := false; ; refilled = true {
+		if f == r.winF && off >= r.winOff && off < r.winOff+int64(len(r.win)) {
+			rec, n, err := decodeRecord(r.win[off-r.winOff:], salt, r.ops)
+			if err == nil {
+				r.ops = rec.ops
+				return rec, n, true
+			}
+			if !errors.Is(err, errShort) || r.winOff+int64(len(r.win)) >= size {
+				return record{}, 0, false
+			}
+		}
+		if refilled || size-off < recHeaderLen {
+			return record{}, 0, false
+		}
+		if r.win == nil {
+			r.win = make([]byte, replayChunk)
+		}
+		m := min(int64(replayChunk), size-off)
+		r.winF, r.winOff, r.win = nil, off, r.win[:m]
+		if err := readFull(f, r.win, off); err != nil {
+			return record{}, 0, false
+		}
+		r.winF = f
+	}
 }
 
 // readRecord reads the record at off of f (whose valid size is size) into buf,
@@ -292,7 +423,7 @@ func (r *recoverer) corrupt(i int, f file, off int64, reason string) error {
 		p := r.path(i)
 		saved := r.freeName(segName(r.ids[i]) + ".corrupt-0")
 		var size int64
-		if st, err := os.Stat(p); err == nil {
+		if st, err := os.Lstat(p); err == nil {
 			size = st.Size()
 		}
 		if err := l.fs.Rename(p, saved); err != nil {
@@ -352,14 +483,19 @@ func (r *recoverer) freeName(name string) string {
 
 func (r *recoverer) report(c Cut) {
 	r.l.recovery.Cuts = append(r.l.recovery.Cuts, c)
-	r.l.log.Warn("wal: cut log", "file", c.File, "offset", c.Offset, "bytes", c.Bytes,
-		"torn", c.Torn, "saved_as", c.SavedAs, "reason", c.Reason)
+	r.l.log(slog.LevelWarn, "wal: cut log", slog.String("file", c.File), slog.Int64("offset", c.Offset),
+		slog.Int64("bytes", c.Bytes), slog.Bool("torn", c.Torn), slog.String("saved_as", c.SavedAs),
+		slog.String("reason", c.Reason))
 }
 
 // apply applies the ops of the record at recOff of seg to the index and the
 // live accounting. The caller holds mu, or is Open before the writer starts.
 func (l *Log) apply(seg *segment, recOff int64, ops []op) {
 	for _, o := range ops {
+		if o.kind == opTrim {
+			l.w.trimmed = max(l.w.trimmed, o.seg)
+			continue
+		}
 		if old, ok := l.index[string(o.key)]; ok {
 			s := l.segByID(old.seg)
 			s.liveKeys--

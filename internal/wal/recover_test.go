@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -419,4 +421,151 @@ func TestUnsyncedWriteHole(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	assert.Equal(t, starts[0], ce.Offset)
 	assert.Contains(t, ce.Reason, "synced")
+}
+
+// churnRemoving commits to l, with tiny segments, until the log has removed
+// at least n dead segments, and returns the live state.
+func churnRemoving(t *testing.T, l *Log, n uint64) map[string]string {
+	t.Helper()
+	want := map[string]string{"keep": "k"}
+	commit(t, l, "keep=k")
+	for i := 0; l.Stats().SegmentsRemoved < n; i++ {
+		require.Less(t, i, 10_000, "the log removed no segment")
+		k := fmt.Sprint("churn", i%3)
+		v := fmt.Sprintf("%d%s", i, strings.Repeat("x", 60))
+		commit(t, l, k+"="+v)
+		want[k] = v
+	}
+	return want
+}
+
+// TestRemovedSegmentsAreNotMissing: the segments the log removed itself,
+// even across a power loss, do not make Open refuse the log, while an oldest
+// segment deleted behind its back does.
+func TestRemovedSegmentsAreNotMissing(t *testing.T) {
+	var synced r2Synced
+	dir := t.TempDir()
+	opts := Options{SegmentSize: 256, Faults: synced.faults()}
+	l, err := Open(dir, opts)
+	require.NoError(t, err)
+	want := churnRemoving(t, l, 5)
+	lost := synced.powerLoss(t, dir)
+	require.NoError(t, l.Close())
+
+	for _, d := range []string{dir, lost} {
+		l, err = Open(d, Options{SegmentSize: 256})
+		require.NoError(t, err, "the log removed its oldest segments itself")
+		assert.Equal(t, want, contents(t, l))
+		require.NoError(t, l.Close())
+	}
+
+	names, err := osFS{}.ReadDir(dir)
+	require.NoError(t, err)
+	var ids []uint64
+	for _, n := range names {
+		if id, ok := parseSegName(n); ok {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	require.Greater(t, ids[0], uint64(1))
+	require.GreaterOrEqual(t, len(ids), 2)
+	require.NoError(t, os.Remove(filepath.Join(dir, segName(ids[0]))))
+	_, err = Open(dir, Options{})
+	var ce *CorruptError
+	require.ErrorAs(t, err, &ce, "an oldest segment deleted behind the log's back")
+	assert.Equal(t, filepath.Join(dir, segName(ids[1])), ce.File)
+	assert.Contains(t, ce.Reason, "missing")
+}
+
+// TestMissingOldestSegment: a log whose first segment is gone (its second
+// segment starts after record 1, and no record says the log removed it) is
+// corrupt; Repair opens what is left, and the repaired log opens without
+// Repair.
+func TestMissingOldestSegment(t *testing.T) {
+	bl := buildLog(t)
+	dir := t.TempDir()
+	writeFiles(t, dir, bl.names[1:], bl.data[1:])
+	_, err := Open(dir, Options{})
+	var ce *CorruptError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, filepath.Join(dir, bl.names[1]), ce.File)
+	assert.Contains(t, ce.Reason, "missing")
+	assert.Equal(t, bl.data[1:], func() [][]byte {
+		var d [][]byte
+		for _, n := range bl.names[1:] {
+			b, err := os.ReadFile(filepath.Join(dir, n))
+			require.NoError(t, err)
+			d = append(d, b)
+		}
+		return d
+	}(), "the refused Open changed nothing")
+
+	l, err := Open(dir, Options{Repair: true})
+	require.NoError(t, err)
+	cuts := l.Recovery().Cuts
+	require.Len(t, cuts, 1)
+	assert.False(t, cuts[0].Torn)
+	assert.Equal(t, filepath.Join(dir, bl.names[0]), cuts[0].File)
+	got := contents(t, l)
+	assert.Equal(t, bl.states[len(bl.states)-1]["hot"], got["hot"], "what the later segments hold is kept")
+	require.NoError(t, l.Close())
+	l, err = Open(dir, Options{})
+	require.NoError(t, err, "a repaired log opens without Repair")
+	assert.Equal(t, got, contents(t, l))
+	assert.Empty(t, l.Recovery().Cuts)
+	require.NoError(t, l.Close())
+}
+
+// TestVersion1LogWithoutTrimRecordsOpens: a log written before trim records
+// existed (format version 1) has no record of the segments it removed, so
+// its oldest segment is taken as it is, as that version did; once its own
+// removals give it trim records, the rule of TestMissingOldestSegment holds.
+func TestVersion1LogWithoutTrimRecordsOpens(t *testing.T) {
+	bl := buildLog(t)
+	dir := t.TempDir()
+	data := make([][]byte, 0, len(bl.data)-1)
+	for _, d := range bl.data[1:] {
+		d = append([]byte(nil), d...)
+		binary.LittleEndian.PutUint16(d[6:], 1)
+		binary.LittleEndian.PutUint32(d[28:], crc32.Checksum(d[:28], castagnoli))
+		data = append(data, d)
+	}
+	writeFiles(t, dir, bl.names[1:], data)
+	l, err := Open(dir, Options{})
+	require.NoError(t, err, "a version 1 log whose oldest segment is gone opens")
+	assert.Equal(t, bl.states[len(bl.states)-1]["hot"], contents(t, l)["hot"])
+	require.NoError(t, l.Close())
+}
+
+// TestTruncatedSegmentBeforeEmptyHead: when the head holds only its header,
+// the header still says where the segment before it ended; a segment cut
+// short before it is corruption, not a torn creation of the head.
+func TestTruncatedSegmentBeforeEmptyHead(t *testing.T) {
+	bl := buildLog(t)
+	last := len(bl.names) - 1
+	id, ok := parseSegName(bl.names[last])
+	require.True(t, ok)
+	head := segHeader{id: id + 1, firstSeq: uint64(bl.records()) + 1, salt: 7}
+	names := append(slices.Clone(bl.names), segName(id+1))
+	data := append(slices.Clone(bl.data), head.encode())
+
+	dir := t.TempDir()
+	writeFiles(t, dir, names, data)
+	l, err := Open(dir, Options{})
+	require.NoError(t, err, "a head with only its header is fine")
+	assert.Equal(t, bl.states[bl.records()], contents(t, l))
+	assert.Empty(t, l.Recovery().Cuts)
+	require.NoError(t, l.Close())
+
+	// Cut the last record of the segment before the head.
+	ends := bl.ends[last]
+	data[last] = data[last][:ends[len(ends)-2]]
+	writeFiles(t, dir, names, data)
+	_, err = Open(dir, Options{})
+	var ce *CorruptError
+	require.ErrorAs(t, err, &ce, "a synced record is missing")
+	assert.Equal(t, filepath.Join(dir, segName(id+1)), ce.File)
+	_, err = os.Stat(filepath.Join(dir, segName(id+1)))
+	assert.NoError(t, err, "the head is not removed")
 }

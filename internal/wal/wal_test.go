@@ -1,13 +1,10 @@
 package wal
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -150,34 +147,6 @@ func TestNilAndEmptyBatch(t *testing.T) {
 	require.NoError(t, l.CommitAsync(nil))
 	require.NoError(t, l.Sync())
 	assert.Empty(t, contents(t, l))
-}
-
-func TestLockSameProcess(t *testing.T) {
-	dir := t.TempDir()
-	l := openT(t, dir, Options{}, nil)
-	_, err := Open(dir, Options{})
-	require.ErrorIs(t, err, ErrLocked)
-	require.NoError(t, l.Close())
-	l2, err := Open(dir, Options{})
-	require.NoError(t, err, "Close releases the lock")
-	require.NoError(t, l2.Close())
-}
-
-func TestLockOtherProcess(t *testing.T) {
-	dir := t.TempDir()
-	child := func() string {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), lockChildEnv+"="+dir)
-		out, err := cmd.Output()
-		require.NoError(t, err)
-		return strings.TrimSpace(string(out))
-	}
-	l := openT(t, dir, Options{}, nil)
-	assert.Equal(t, "locked", child())
-	require.NoError(t, l.Close())
-	assert.Equal(t, "opened", child())
 }
 
 func TestCommitAsyncOrderAndDurability(t *testing.T) {

@@ -3,6 +3,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 )
@@ -27,11 +28,17 @@ type writer struct {
 	compactOff int64
 	noCompact  uint64 // a segment compaction gave up on (see compactStep)
 	cbatch     Batch
+
+	// trimmed is the highest id named by a trim record (see removeDead):
+	// segments below it may have been removed. Set by the replay, then by
+	// the writer.
+	trimmed uint64
 }
 
 type pendingRec struct {
 	start, end int
 	compaction bool
+	trim       bool // a trim record: neither a commit nor a compaction
 }
 
 // maxCohortWait bounds awaitCohort's wait, whatever an fdatasync takes. A
@@ -241,7 +248,7 @@ func (l *Log) appendRecord(rec []byte, compaction bool) error {
 	l.w.wbuf = append(l.w.wbuf, rec...)
 	sealRecord(l.w.wbuf[start:], l.w.nextSeq, l.w.synced, head.salt)
 	l.w.nextSeq++
-	l.w.pending = append(l.w.pending, pendingRec{start, len(l.w.wbuf), compaction})
+	l.w.pending = append(l.w.pending, pendingRec{start: start, end: len(l.w.wbuf), compaction: compaction})
 	return nil
 }
 
@@ -300,9 +307,11 @@ func (l *Log) flush() error {
 		l.w.ops = r.ops
 		l.apply(head, head.size+int64(p.start), r.ops)
 		head.records++
-		if p.compaction {
+		switch {
+		case p.trim:
+		case p.compaction:
 			compactions++
-		} else {
+		default:
 			commits++
 		}
 	}
@@ -342,7 +351,7 @@ func (l *Log) fail(err error) error {
 	}
 	ferr := fmt.Errorf("%w: %w", ErrFailed, err)
 	l.failed.Store(&ferr)
-	l.log.Error("wal: log failed; Close it and Open it again", "dir", l.dir, "err", err)
+	l.log(slog.LevelError, "wal: log failed; Close it and Open it again", slog.String("dir", l.dir), slog.Any("err", err))
 	return ferr
 }
 
@@ -385,7 +394,16 @@ func (l *Log) maintain() bool {
 // skips the work if a Get or Range is reading (the next group retries).
 func (l *Log) removeDead() error {
 	for len(l.segs) > 1 && l.segs[0].liveKeys == 0 {
-		// Whatever made the segment dead must be durable before it goes.
+		// The log says that the segment went before it goes: Open refuses
+		// a log whose oldest segments are missing unless a trim record says
+		// that the log removed them.
+		if next := l.segs[1].id; l.w.trimmed < next {
+			if err := l.appendTrim(next); err != nil {
+				return l.fail(err)
+			}
+		}
+		// Whatever made the segment dead, and the trim record, must be
+		// durable before it goes.
 		if err := l.syncHead(); err != nil {
 			return err
 		}
@@ -399,6 +417,21 @@ func (l *Log) removeDead() error {
 		}
 	}
 	return nil
+}
+
+// appendTrim writes a trim record saying that the segments below id are
+// removed. It goes into the head whatever its size (a few bytes past
+// SegmentSize at most): a roll would call removeDead, which calls appendTrim.
+func (l *Log) appendTrim(id uint64) error {
+	var b Batch
+	b.trim(id)
+	rec := b.record()
+	start := len(l.w.wbuf)
+	l.w.wbuf = append(l.w.wbuf, rec...)
+	sealRecord(l.w.wbuf[start:], l.w.nextSeq, l.w.synced, l.head().salt)
+	l.w.nextSeq++
+	l.w.pending = append(l.w.pending, pendingRec{start: start, end: len(l.w.wbuf), trim: true})
+	return l.flush()
 }
 
 // removeOldest deletes the oldest segment, which holds no live value. Its
@@ -511,8 +544,8 @@ func (l *Log) compactStep() error {
 	}
 	if l.w.compactOff >= s.size && s.liveKeys > 0 {
 		// Cannot happen unless the live accounting is wrong; do not loop on it.
-		l.log.Error("wal: compaction left live keys in a segment; not compacting it again",
-			"file", s.path, "live_keys", s.liveKeys)
+		l.log(slog.LevelError, "wal: compaction left live keys in a segment; not compacting it again",
+			slog.String("file", s.path), slog.Int("live_keys", s.liveKeys))
 		l.w.noCompact = s.id
 	}
 	if cap(b.buf) > 2*maxGroupBytes {

@@ -1,0 +1,83 @@
+package tinymq
+
+import (
+	"log/slog"
+	"sync"
+)
+
+// maxWalLogs bounds the log lines of the write-ahead log that wait for a
+// slow logger at once; past it, lines are dropped (and counted).
+const maxWalLogs = 16
+
+// walLogger is the log's Options.Log for one open log. The log never calls
+// user code itself: while wal.Open runs (under the MQ's write lock) its lines
+// are held, for unlock to log; afterwards each line is logged on a goroutine
+// of its own through guard, which the log's writer does not wait for, so
+// that a logger that panics, blocks or calls back into the MQ never stops
+// the writer. Those goroutines are the MQ's: drain and beginStop join them
+// (see waitLogs).
+type walLogger struct {
+	m *MQ
+
+	mu      sync.Mutex
+	opening bool      // wal.Open has not returned: hold the lines
+	held    []heldLog // the lines logged while opening
+	pending int       // lines being logged now
+	dropped uint64    // lines dropped because maxWalLogs were pending
+	idle    *sync.Cond
+}
+
+func newWalLogger(m *MQ) *walLogger {
+	w := &walLogger{m: m, opening: true}
+	w.idle = sync.NewCond(&w.mu)
+	return w
+}
+
+// log is called by the log's goroutines and by wal.Open; it never blocks on
+// the logger.
+func (w *walLogger) log(level slog.Level, msg string, attrs ...slog.Attr) {
+	if w.m.log == discardLogger {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.opening {
+		w.held = append(w.held, heldLog{level: level, msg: msg, attrs: attrs})
+		return
+	}
+	if w.pending >= maxWalLogs {
+		w.dropped++
+		return
+	}
+	w.pending++
+	go func() {
+		w.m.logAttrs(level, msg, func(a []slog.Attr) []slog.Attr { return append(a, attrs...) })
+		w.mu.Lock()
+		w.pending--
+		if w.pending == 0 {
+			w.idle.Broadcast()
+		}
+		w.mu.Unlock()
+	}()
+}
+
+// opened ends the holding: the held lines go to m.held, which unlock logs.
+// The caller holds the MQ's write lock.
+func (w *walLogger) opened() {
+	w.mu.Lock()
+	w.opening = false
+	held := w.held
+	w.held = nil
+	w.mu.Unlock()
+	w.m.held = append(w.m.held, held...)
+}
+
+// wait returns once no line is being logged, and how many were dropped.
+func (w *walLogger) wait() (dropped uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for w.pending > 0 {
+		w.idle.Wait()
+	}
+	return w.dropped
+}
