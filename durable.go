@@ -518,7 +518,9 @@ func (d *durableLog) unregistered() map[string]int {
 
 // restore enqueues the messages the log held for q, as they were: ready,
 // delayed, or backing off before a retry. q is new and the caller holds the
-// MQ's write lock.
+// MQ's write lock. A DropHead length limit evicts the oldest beyond it (dead-
+// lettered by unlock, with reason maxlen); RejectPublish and Block keep them
+// all, and refuse or hold publishes until the queue is below its limit.
 func (m *MQ) restore(q *queue) {
 	list := m.dur.takeRecovered(q.name)
 	if len(list) == 0 {
@@ -546,6 +548,20 @@ func (m *MQ) restore(q *queue) {
 		}
 		if ttl > 0 {
 			msg.x.expires = deadline(time.Unix(0, s.visibleAt), ttl)
+		}
+		if q.cfg.overflow == DropHead && q.fullLocked() {
+			// The limit applies to what is restored as to a publish (as
+			// RabbitMQ applies a max-length policy to a queue that holds
+			// more): the oldest ready message goes, or, when every one
+			// waits in the scheduler, this one.
+			if q.buf.n > 0 {
+				h := q.popLocked()
+				m.evicted = append(m.evicted, eviction{q, h.msg(q.name)})
+			} else {
+				q.accepted++
+				m.evicted = append(m.evicted, eviction{q, msg})
+				continue
+			}
 		}
 		q.accepted++
 		q.entered++

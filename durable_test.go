@@ -253,6 +253,63 @@ func TestDurableBacklogUnderAnInMemoryQueueStaysVisible(t *testing.T) {
 	m.Stop()
 }
 
+// A length limit applies to what a durable queue restores, as RabbitMQ
+// applies a max-length policy to a queue holding more: DropHead dead-letters
+// the oldest beyond it (and they stay gone after another restart);
+// RejectPublish keeps them all and refuses publishes until there is room.
+func TestLengthLimitAppliesToRestoredMessages(t *testing.T) {
+	backlog := func(t *testing.T) string {
+		dir := t.TempDir()
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		for i := range 50 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		_ = m.Shutdown(context.Background()) // before Start: all 50 stay on disk
+		return dir
+	}
+	t.Run("DropHead", func(t *testing.T) {
+		dir := backlog(t)
+		for run := range 2 {
+			m := tinymq.New(tinymq.WithDataDir(dir))
+			dead := deadLetters(t, m)
+			got := make(chan *tinymq.Msg, 50)
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("q"), tinymq.WithDurable(),
+				tinymq.WithMaxLen(10, tinymq.DropHead), tinymq.WithDeadLetter("dlx", "")))
+			if run == 1 {
+				assert.Zero(t, m.Stats().Queues["q"].Depth, "the evicted and the delivered stay gone")
+				m.Stop()
+				continue
+			}
+			assert.Equal(t, 10, m.Stats().Queues["q"].Depth)
+			require.NoError(t, m.Start(context.Background()))
+			var ids []int
+			for _, d := range recv(t, got, 10) {
+				var v int
+				require.NoError(t, d.Data.(tinymq.Encoded).Decode(&v))
+				ids = append(ids, v)
+			}
+			assert.Equal(t, []int{40, 41, 42, 43, 44, 45, 46, 47, 48, 49}, ids, "the newest 10 are kept, in order")
+			for _, d := range recv(t, dead, 40) {
+				assert.Equal(t, tinymq.ReasonMaxLen, d.Deaths[0].Reason)
+			}
+			m.Stop()
+			st := m.Stats().Queues["q"]
+			assert.Equal(t, uint64(40), st.Overflowed)
+			assert.Equal(t, st.Accepted, st.Succeeded+st.DeadLettered+st.Dropped+st.Undelivered, "%+v", st)
+		}
+	})
+	t.Run("RejectPublish", func(t *testing.T) {
+		dir := backlog(t)
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(),
+			tinymq.WithMaxLen(10, tinymq.RejectPublish)))
+		assert.Equal(t, 50, m.Stats().Queues["q"].Depth, "all are kept")
+		assert.ErrorIs(t, m.Publish("ev", 50), tinymq.ErrQueueFull)
+		_ = m.Shutdown(context.Background())
+	})
+}
+
 func TestDurableNeedsANameAndADataDir(t *testing.T) {
 	m := tinymq.New()
 	assert.ErrorIs(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()), tinymq.ErrInvalidOption)

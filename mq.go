@@ -93,7 +93,8 @@ type MQ struct {
 	cancel    context.CancelFunc
 	stopAfter func() bool // unregisters the stop on Start's ctx
 
-	held []heldLog // lines logged under the write lock, for unlock to log
+	held    []heldLog  // lines logged under the write lock, for unlock to log
+	evicted []eviction // messages restore evicted under the write lock, for unlock to dead-letter
 
 	sched      *scheduler
 	wg         sync.WaitGroup // every worker, and the scheduler
@@ -196,14 +197,17 @@ func (m *MQ) logHeld(level slog.Level, msg string, attrs ...slog.Attr) {
 	m.held = append(m.held, heldLog{level: level, msg: msg, attrs: attrs})
 }
 
-// unlock releases the write lock, then logs what logHeld held.
+// unlock releases the write lock, then logs what logHeld held and
+// dead-letters what restore evicted (a dead letter is a publish: it needs
+// the read lock).
 func (m *MQ) unlock() {
-	held := m.held
-	m.held = nil
+	held, evicted := m.held, m.evicted
+	m.held, m.evicted = nil, nil
 	m.mu.Unlock()
 	for _, l := range held {
 		m.logAttrs(l.level, l.msg, func(a []slog.Attr) []slog.Attr { return append(a, l.attrs...) })
 	}
+	settleEvicted(evicted)
 }
 
 // owned is the set of the MQ's own goroutines that run user code, by

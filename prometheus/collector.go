@@ -15,6 +15,20 @@
 //	mq.RegisterQueue("orders", tinymq.Fanout, c.Instrument(handleOrder), 4)
 //
 // The README lists every metric, its type and labels.
+//
+// # Label values
+//
+// Prometheus requires label values to be valid UTF-8, and TinyMQ does not
+// require that of names. So that one bad name cannot fail a scrape, the
+// exchange and queue labels are the names with each byte that is not part of
+// valid UTF-8 written \xNN (two lowercase hex digits) and each backslash
+// written \\. Every other name is its label unchanged, and no two names share
+// a series: "q\xff" (the byte) is labelled q\xff and the four-character name
+// `q\xff` is labelled q\\xff.
+//
+// A Collector never fails a scrape: a metric it cannot build, or a panic while
+// it collects, is left out of the scrape and counted in
+// tinymq_collector_errors_total, which every scrape reports.
 package tinymqprom
 
 import (
@@ -23,6 +37,8 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
@@ -40,8 +56,9 @@ var DefaultBuckets = []float64{.0001, .0005, .001, .005, .01, .025, .05, .1, .25
 // it with [NewCollector] and register it once. It is safe for concurrent use,
 // and keeps working after the MQ stops: the counters then stay as they were.
 type Collector struct {
-	mq   *tinymq.MQ
-	hist *prometheus.HistogramVec
+	mq    *tinymq.MQ
+	stats func() tinymq.Stats // mq.Stats; a test replaces it to make Collect panic
+	hist  *prometheus.HistogramVec
 
 	published, unroutable *prometheus.Desc
 	counters              []queueCounter
@@ -49,6 +66,10 @@ type Collector struct {
 	inFlight              *prometheus.Desc
 	binding               *prometheus.Desc
 	consumerTime          *prometheus.Desc
+	collectErrors         *prometheus.Desc
+
+	// errs counts the metrics Collect left out and the panics it recovered.
+	errs atomic.Uint64
 
 	// sums keeps, per queue, the last _sum exported for consumerTime, so that
 	// it never goes down (see consumerTimeSum).
@@ -93,7 +114,7 @@ func WithBuckets(bounds ...float64) Option {
 // registered in one registry. The names queue, exchange, result, quantile and
 // le are taken; NewCollector returns an error for them or for a name that is
 // not a classic Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, no
-// leading "__").
+// leading "__"), and for a value that is not valid UTF-8.
 func WithConstLabels(labels prometheus.Labels) Option {
 	l := make(prometheus.Labels, len(labels))
 	for k, v := range labels {
@@ -131,6 +152,9 @@ func NewCollector(mq *tinymq.MQ, opts ...Option) (*Collector, error) {
 		if !model.LegacyValidation.IsValidLabelName(name) || strings.HasPrefix(name, "__") {
 			return nil, fmt.Errorf("%w: constant label %q is not a valid label name", errInvalid, name)
 		}
+		if v := cfg.constLabels[name]; !utf8.ValidString(v) {
+			return nil, fmt.Errorf("%w: constant label %s has a value that is not valid UTF-8: %q", errInvalid, name, v)
+		}
 	}
 
 	cl := cfg.constLabels
@@ -138,7 +162,8 @@ func NewCollector(mq *tinymq.MQ, opts ...Option) (*Collector, error) {
 		return prometheus.NewDesc(name, help, labels, cl)
 	}
 	c := &Collector{
-		mq: mq,
+		mq:    mq,
+		stats: mq.Stats,
 		hist: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:        "tinymq_queue_consumer_duration_seconds",
 			Help:        "Time the queue's consumer took per call, retries included (every call of a consumer wrapped by Instrument).",
@@ -154,6 +179,7 @@ func NewCollector(mq *tinymq.MQ, opts ...Option) (*Collector, error) {
 		consumerTime: desc("tinymq_queue_consumer_time_seconds", "Time the queue's consumer took, sampled by TinyMQ since the queue was registered; quantiles are upper bounds within a factor of 2.", "queue"),
 		sums:         make(map[string]float64),
 	}
+	c.collectErrors = desc("tinymq_collector_errors_total", "Metrics the Collector left out of a scrape because it could not build them, and panics it recovered while collecting; the rest of each scrape was served.")
 	counter := func(name, help string, get func(*tinymq.QueueStats) uint64) {
 		c.counters = append(c.counters, queueCounter{desc("tinymq_queue_"+name+"_total", help, "queue"), get})
 	}
@@ -200,44 +226,102 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.consumerTime
 	ch <- c.binding
 	c.hist.Describe(ch)
+	ch <- c.collectErrors
 }
 
 // Collect takes one [tinymq.MQ.Stats] snapshot and sends its metrics, then
-// the histogram's. It implements [prometheus.Collector]. It holds no lock of
-// the MQ while sending, and Stats takes each queue's lock only briefly, so a
-// scrape neither waits for consumers nor stalls publishers; it costs about 20
-// metrics per queue. The numbers of different queues are not taken at one
-// instant (see Stats). After the MQ stops it reports the final counters.
+// the histogram's, then tinymq_collector_errors_total. It implements
+// [prometheus.Collector]. It holds no lock of the MQ while sending, and Stats
+// takes each queue's lock only briefly, so a scrape neither waits for
+// consumers nor stalls publishers; it costs about 20 metrics per queue. The
+// numbers of different queues are not taken at one instant (see Stats). After
+// the MQ stops it reports the final counters.
+//
+// Collect never panics and never sends an invalid metric, either of which
+// would fail the whole scrape: a metric it cannot build is left out, a panic
+// (of Stats, say) ends the MQ's part of this scrape, and each is counted in
+// tinymq_collector_errors_total. Names that are not valid UTF-8 are escaped
+// (see the package documentation), so they cost nothing of the kind.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	st := c.mq.Stats()
+	c.collectMQ(ch)
+	c.hist.Collect(ch)
+	ch <- prometheus.MustNewConstMetric(c.collectErrors, prometheus.CounterValue, float64(c.errs.Load()))
+}
+
+// collectMQ sends the metrics of one Stats snapshot and of the topology. A
+// panic is recovered here and counted, so that Collect still sends the rest.
+func (c *Collector) collectMQ(ch chan<- prometheus.Metric) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.errs.Add(1)
+		}
+	}()
+	send := func(m prometheus.Metric, err error) {
+		if err != nil {
+			c.errs.Add(1)
+			return
+		}
+		ch <- m
+	}
+	st := c.stats()
 	for name, ex := range st.Exchanges {
-		ch <- prometheus.MustNewConstMetric(c.published, prometheus.CounterValue, float64(ex.Published), name)
-		ch <- prometheus.MustNewConstMetric(c.unroutable, prometheus.CounterValue, float64(ex.Unroutable), name)
+		l := labelValue(name)
+		send(prometheus.NewConstMetric(c.published, prometheus.CounterValue, float64(ex.Published), l))
+		send(prometheus.NewConstMetric(c.unroutable, prometheus.CounterValue, float64(ex.Unroutable), l))
 	}
 	for name, qs := range st.Queues {
+		l := labelValue(name)
 		for _, qc := range c.counters {
-			ch <- prometheus.MustNewConstMetric(qc.desc, prometheus.CounterValue, float64(qc.get(&qs)), name)
+			send(prometheus.NewConstMetric(qc.desc, prometheus.CounterValue, float64(qc.get(&qs)), l))
 		}
-		ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, float64(qs.Ready), name)
-		ch <- prometheus.MustNewConstMetric(c.scheduled, prometheus.GaugeValue, float64(qs.Scheduled), name)
-		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(qs.InFlight), name)
+		send(prometheus.NewConstMetric(c.ready, prometheus.GaugeValue, float64(qs.Ready), l))
+		send(prometheus.NewConstMetric(c.scheduled, prometheus.GaugeValue, float64(qs.Scheduled), l))
+		send(prometheus.NewConstMetric(c.inFlight, prometheus.GaugeValue, float64(qs.InFlight), l))
 		ct := qs.ConsumerTime
 		quantiles := map[float64]float64{.5: math.NaN(), .9: math.NaN(), .99: math.NaN()}
 		if ct.Samples > 0 {
 			quantiles[.5], quantiles[.9], quantiles[.99] = ct.P50.Seconds(), ct.P90.Seconds(), ct.P99.Seconds()
 		}
-		ch <- prometheus.MustNewConstSummary(c.consumerTime, ct.Samples, c.consumerTimeSum(name, ct), quantiles, name)
+		send(prometheus.NewConstSummary(c.consumerTime, ct.Samples, c.consumerTimeSum(name, ct), quantiles, l))
 	}
 	seen := make(map[[2]string]bool)
 	for _, ex := range c.mq.Topology().Exchanges {
 		for _, b := range ex.Bindings {
 			if k := [2]string{ex.Name, b.Queue}; !seen[k] {
 				seen[k] = true
-				ch <- prometheus.MustNewConstMetric(c.binding, prometheus.GaugeValue, 1, ex.Name, b.Queue)
+				send(prometheus.NewConstMetric(c.binding, prometheus.GaugeValue, 1, labelValue(ex.Name), labelValue(b.Queue)))
 			}
 		}
 	}
-	c.hist.Collect(ch)
+}
+
+// labelValue returns the label value of an exchange or queue name: name itself
+// if it is valid UTF-8 and has no backslash, else name with each byte that is
+// not part of valid UTF-8 written \xNN and each backslash written \\. The
+// result is always valid UTF-8, and different names give different labels
+// (the escaping can be undone), so two names never collide into one series.
+func labelValue(name string) string {
+	if utf8.ValidString(name) && strings.IndexByte(name, '\\') < 0 {
+		return name
+	}
+	const hex = "0123456789abcdef"
+	var b strings.Builder
+	b.Grow(len(name) + 8)
+	for i := 0; i < len(name); {
+		r, size := utf8.DecodeRuneInString(name[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b.WriteString(`\x`)
+			b.WriteByte(hex[name[i]>>4])
+			b.WriteByte(hex[name[i]&0xf])
+		case r == '\\':
+			b.WriteString(`\\`)
+		default:
+			b.WriteString(name[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
 }
 
 // consumerTimeSum returns the summary's _sum for a queue: Mean times Samples,

@@ -387,6 +387,7 @@ func TestNewCollectorRefuses(t *testing.T) {
 		{"le label", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"le": "x"})}},
 		{"bad label", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"a-b": "x"})}},
 		{"reserved label", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"__x": "x"})}},
+		{"label value not UTF-8", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"mq": "a\xff"})}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := tinymqprom.NewCollector(tc.mq, tc.opts...)
@@ -579,4 +580,119 @@ tinymq_queue_binding_info{exchange="users",queue="audit"} 1
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "tinymq_queue_binding_info"))
 	m.Stop()
+}
+
+// TestNamesThatAreNotUTF8NeverBreakTheScrape serves a real registry over
+// loopback with an exchange and queues whose names are not valid UTF-8: the
+// scrape must answer 200 with every metric, each name as its own series.
+func TestNamesThatAreNotUTF8NeverBreakTheScrape(t *testing.T) {
+	mq := tinymq.New()
+	c, err := tinymqprom.NewCollector(mq)
+	require.NoError(t, err)
+	done := make(chan struct{}, 3)
+	ok := c.Instrument(func(context.Context, *tinymq.Msg) error { done <- struct{}{}; return nil })
+	// Two names that differ only in their invalid byte, and a valid name that
+	// reads like the escaped form of one of them.
+	queues := map[string]string{"q\xfe": `q\xfe`, "q\xff": `q\xff`, `q\xff`: `q\\xff`}
+	for name := range queues {
+		require.NoError(t, mq.RegisterQueue("ex\xff", tinymq.Fanout, ok, 1, tinymq.WithQueueName(name)))
+	}
+	require.NoError(t, mq.Start(t.Context()))
+	require.NoError(t, mq.Publish("ex\xff", 1))
+	for range queues {
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a consumer was not called")
+		}
+	}
+	mq.Stop()
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+
+	label := func(m *dto.Metric, name string) string {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == name {
+				return l.GetValue()
+			}
+		}
+		return ""
+	}
+	want := map[string]float64{}
+	for _, v := range queues {
+		want[v] = 1
+	}
+	for _, name := range append(append([]string(nil), counterNames[2:]...), "tinymq_queue_consumer_duration_seconds") {
+		mf := mfs[name]
+		require.NotNil(t, mf, name)
+		got := map[string]float64{}
+		for _, m := range mf.GetMetric() {
+			if name == "tinymq_queue_consumer_duration_seconds" && label(m, "result") != "success" {
+				continue
+			}
+			got[label(m, "queue")] = m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
+		}
+		switch name {
+		case "tinymq_queue_accepted_total", "tinymq_queue_delivered_total", "tinymq_queue_succeeded_total",
+			"tinymq_queue_consumer_duration_seconds":
+			assert.Equal(t, want, got, name)
+		default:
+			assert.Len(t, got, len(queues), name)
+		}
+	}
+	published := mfs["tinymq_exchange_published_total"]
+	require.NotNil(t, published)
+	require.Len(t, published.GetMetric(), 1)
+	assert.Equal(t, `ex\xff`, label(published.GetMetric()[0], "exchange"))
+	assert.Equal(t, 1.0, published.GetMetric()[0].GetCounter().GetValue())
+	bindings := map[[2]string]bool{}
+	for _, m := range mfs["tinymq_queue_binding_info"].GetMetric() {
+		bindings[[2]string{label(m, "exchange"), label(m, "queue")}] = true
+	}
+	assert.Len(t, bindings, len(queues))
+	for _, v := range queues {
+		assert.True(t, bindings[[2]string{`ex\xff`, v}], v)
+	}
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
+
+// TestCollectorPanicNeverFailsTheScrape makes Collect panic inside Stats: the
+// scrape must still answer 200 with the Collector's other metrics, and count
+// the panic in tinymq_collector_errors_total.
+func TestCollectorPanicNeverFailsTheScrape(t *testing.T) {
+	mq := tinymq.New()
+	c, err := tinymqprom.NewCollector(mq)
+	require.NoError(t, err)
+	require.NoError(t, c.Instrument(func(context.Context, *tinymq.Msg) error { return nil })(t.Context(), &tinymq.Msg{Queue: "jobs"}))
+	tinymqprom.SetStats(c, func() tinymq.Stats { panic("stats broke") })
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	for scrape := 1; scrape <= 2; scrape++ {
+		resp, err := srv.Client().Get(srv.URL + "/metrics")
+		require.NoError(t, err)
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		mfs, err := parser.TextToMetricFamilies(resp.Body)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusOK, resp.StatusCode, "scrape %d", scrape)
+		require.NoError(t, err)
+		errs := mfs["tinymq_collector_errors_total"]
+		require.NotNil(t, errs)
+		assert.Equal(t, float64(scrape), errs.GetMetric()[0].GetCounter().GetValue(), "one panic per scrape")
+		require.NotNil(t, mfs["tinymq_queue_consumer_duration_seconds"], "the histogram is still served")
+	}
 }

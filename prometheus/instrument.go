@@ -18,7 +18,8 @@ const (
 
 // Instrument returns a consumer that calls next and observes how long each
 // call took into the histogram tinymq_queue_consumer_duration_seconds, labelled
-// with the message's queue ([tinymq.Msg.Queue], read before next runs) and the
+// with the message's queue ([tinymq.Msg.Queue], read before next runs,
+// escaped as the package documentation says if it is not valid UTF-8) and the
 // result: "success" (nil), "error" (any non-nil error, a typed nil included,
 // as TinyMQ counts it) or "panic". Unlike the summary that Collect derives from
 // [tinymq.QueueStats.ConsumerTime], it sees every call, retries included, and
@@ -78,11 +79,12 @@ func (c *Collector) observersFor(queue string) *observers {
 	if obs, ok := c.observers.Load(queue); ok {
 		return obs.(*observers)
 	}
+	l := labelValue(queue) // WithLabelValues panics on a value that is not UTF-8
 	obs, _ := c.observers.LoadOrStore(queue, &observers{
 		queue:     queue,
-		succeeded: c.hist.WithLabelValues(queue, resultSuccess),
-		failed:    c.hist.WithLabelValues(queue, resultError),
-		panicked:  c.hist.WithLabelValues(queue, resultPanic),
+		succeeded: c.hist.WithLabelValues(l, resultSuccess),
+		failed:    c.hist.WithLabelValues(l, resultError),
+		panicked:  c.hist.WithLabelValues(l, resultPanic),
 	})
 	return obs.(*observers)
 }

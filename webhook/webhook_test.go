@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -193,4 +196,236 @@ func TestEncodedPayloadIsSentAsItsBytes(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, consume(context.Background(), &tinymq.Msg{Data: tinymq.Encoded{Body: []byte(`{"ID":1}`)}}))
 	assert.Equal(t, `application/json {"ID":1}`, <-got)
+}
+
+// TestWebhookRedirectIsNeverASuccess answers the POST with each redirect
+// status, pointing at an endpoint that would answer 200: the consumer must
+// not follow it, and must fail with a StatusError that names the status and
+// the Location, whatever the client's own CheckRedirect says.
+func TestWebhookRedirectIsNeverASuccess(t *testing.T) {
+	final := &endpoint{answer: func(int, http.ResponseWriter, *http.Request) {}}
+	finalSrv := httptest.NewServer(final)
+	defer finalSrv.Close()
+	tlsSrv := httptest.NewTLSServer(final)
+	defer tlsSrv.Close()
+
+	follow := func(*http.Request, []*http.Request) error { return nil } // a client that follows anything
+	for _, tc := range []struct {
+		name   string
+		code   int
+		target string
+		client *http.Client
+	}{
+		{"301", http.StatusMovedPermanently, finalSrv.URL + "/final", nil},
+		{"302", http.StatusFound, finalSrv.URL + "/final", nil},
+		{"303", http.StatusSeeOther, finalSrv.URL + "/final", nil},
+		{"307", http.StatusTemporaryRedirect, finalSrv.URL + "/final", nil},
+		{"308", http.StatusPermanentRedirect, finalSrv.URL + "/final", nil},
+		{"http to https", http.StatusMovedPermanently, tlsSrv.URL + "/final", tlsSrv.Client()},
+		{"client that follows", http.StatusFound, finalSrv.URL + "/final", &http.Client{CheckRedirect: follow}},
+		{"relative Location", http.StatusFound, "/final", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/final" {
+					final.ServeHTTP(w, r)
+					return
+				}
+				http.Redirect(w, r, tc.target, tc.code)
+			}))
+			defer srv.Close()
+			var opts []webhook.Option
+			if tc.client != nil {
+				opts = append(opts, webhook.WithClient(tc.client))
+			}
+			consume, err := webhook.New(srv.URL+"/hook", opts...)
+			require.NoError(t, err)
+			err = consume(context.Background(), &tinymq.Msg{Data: UserCreated{ID: 1}})
+			require.Error(t, err, "a redirect is a failure")
+			var se *webhook.StatusError
+			require.ErrorAs(t, err, &se)
+			assert.Equal(t, tc.code, se.Code)
+			wantLoc := tc.target
+			if strings.HasPrefix(wantLoc, "/") {
+				wantLoc = srv.URL + wantLoc
+			}
+			assert.Equal(t, wantLoc, se.Location)
+			assert.Contains(t, err.Error(), fmt.Sprintf("status %d", tc.code))
+			assert.Contains(t, err.Error(), wantLoc)
+			assert.False(t, errors.Is(err, tinymq.ErrPermanent), "the queue's retry policy decides")
+			final.mu.Lock()
+			defer final.mu.Unlock()
+			assert.Empty(t, final.requests, "the redirect was followed")
+		})
+	}
+}
+
+// followingTransport is a RoundTripper that follows a redirect itself, as
+// some middleware does, with a GET and no body.
+type followingTransport struct{}
+
+func (followingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil || resp.StatusCode/100 != 3 {
+		return resp, err
+	}
+	loc, err := resp.Location()
+	_ = resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	get, err := http.NewRequestWithContext(req.Context(), http.MethodGet, loc.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	return http.DefaultTransport.RoundTrip(get)
+}
+
+// TestWebhookRedirectFollowedByTheTransportIsNotASuccess gives the consumer a
+// client whose transport follows a redirect with a GET: the 200 it answers
+// is for another request than the POST, so the delivery must fail.
+func TestWebhookRedirectFollowedByTheTransportIsNotASuccess(t *testing.T) {
+	got := make(chan string, 2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Method + " " + r.URL.Path
+		if r.URL.Path == "/hook" {
+			http.Redirect(w, r, "/final?token=t0ken-value", http.StatusFound)
+		}
+	}))
+	defer srv.Close()
+	consume, err := webhook.New(srv.URL+"/hook", webhook.WithClient(&http.Client{Transport: followingTransport{}}))
+	require.NoError(t, err)
+	err = consume(context.Background(), &tinymq.Msg{Data: 1})
+	require.Error(t, err, "a 200 to a GET elsewhere is not a delivery")
+	assert.Contains(t, err.Error(), "GET "+srv.URL+"/final?token=xxxxx")
+	assert.NotContains(t, err.Error(), "t0ken-value")
+	assert.Equal(t, "POST /hook", <-got)
+	assert.Equal(t, "GET /final", <-got)
+}
+
+// TestWebhookErrorsNeverShowTheEndpointPassword fails deliveries in every way
+// to an endpoint with a password and a query token: neither may appear in
+// the returned error, a StatusError's fields, the MQ's log or a dead letter.
+func TestWebhookErrorsNeverShowTheEndpointPassword(t *testing.T) {
+	const password, token = "s3cret-pw/x", "t0ken-value"
+	secrets := []string{password, url.PathEscape(password), url.QueryEscape(password), token}
+	noSecret := func(t *testing.T, what, text string) {
+		t.Helper()
+		for _, s := range secrets {
+			assert.NotContains(t, text, s, what)
+		}
+	}
+	withSecrets := func(base string) string {
+		u, err := url.Parse(base)
+		require.NoError(t, err)
+		u.User = url.UserPassword("user", password)
+		u.Path = "/hook"
+		u.RawQuery = "token=" + token + "&plain"
+		return u.String()
+	}
+
+	release := make(chan struct{}) // ends a hanging request, should its context not
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // so that the server sees the client go
+		switch r.URL.Query().Get("case") {
+		case "hang":
+			select {
+			case <-r.Context().Done():
+			case <-release:
+			}
+		case "redirect":
+			http.Redirect(w, r, withSecrets("http://"+r.Host)+"&case=elsewhere", http.StatusFound)
+		default:
+			http.Error(w, "broken", http.StatusInternalServerError)
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closedURL := "http://" + closed.Addr().String()
+	require.NoError(t, closed.Close())
+
+	for _, tc := range []struct {
+		name, endpoint string
+		want           string // in the error text
+	}{
+		{"status", withSecrets(srv.URL), "status 500: broken"},
+		{"redirect", withSecrets(srv.URL) + "&case=redirect", "status 302"},
+		{"connection refused", withSecrets(closedURL), "connection refused"},
+		{"timeout", withSecrets(srv.URL) + "&case=hang", "deadline exceeded"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			consume, err := webhook.New(tc.endpoint, webhook.WithTimeout(100*time.Millisecond))
+			require.NoError(t, err)
+			err = consume(context.Background(), &tinymq.Msg{Data: 1})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Contains(t, err.Error(), "user:xxxxx@", "the error still names the endpoint")
+			noSecret(t, "error", err.Error())
+			for e := err; e != nil; e = errors.Unwrap(e) {
+				noSecret(t, fmt.Sprintf("wrapped %T", e), e.Error())
+			}
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				noSecret(t, "url.Error.URL", ue.URL)
+			}
+			var se *webhook.StatusError
+			if errors.As(err, &se) {
+				noSecret(t, "StatusError.URL", se.URL)
+				noSecret(t, "StatusError.Location", se.Location)
+				assert.Contains(t, se.URL, "user:xxxxx@")
+			}
+			if tc.name == "timeout" {
+				assert.ErrorIs(t, err, context.DeadlineExceeded)
+			}
+		})
+	}
+
+	t.Run("invalid endpoint", func(t *testing.T) {
+		for _, bad := range []string{
+			"ftp://user:" + url.PathEscape(password) + "@host/?token=" + token,
+			"http://user:" + url.PathEscape(password) + "@/?token=" + token,
+			"http://user:" + password + "@host:port/?token=" + token,
+			"http://user:" + password + "/?token=" + token,
+		} {
+			_, err := webhook.New(bad)
+			require.ErrorIs(t, err, tinymq.ErrInvalidOption, bad)
+			noSecret(t, "New's error", err.Error())
+		}
+	})
+
+	t.Run("log and dead letter", func(t *testing.T) {
+		consume, err := webhook.New(withSecrets(srv.URL))
+		require.NoError(t, err)
+		log, records := logRecords()
+		m := tinymq.New(tinymq.WithLogger(log))
+		require.NoError(t, m.RegisterQueue("users", tinymq.Fanout, consume, 1, tinymq.WithQueueName("hook"),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
+			tinymq.WithDeadLetter("users.dead", "")))
+		deaths := make(chan []tinymq.Death, 1)
+		require.NoError(t, m.RegisterQueue("users.dead", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			deaths <- msg.Deaths
+			return nil
+		}, 1, tinymq.WithQueueName("dead")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("users", 1))
+		var got []tinymq.Death
+		select {
+		case got = <-deaths:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no dead letter")
+		}
+		m.Stop()
+		require.Len(t, got, 1)
+		assert.Contains(t, got[0].LastError, "status 500")
+		noSecret(t, "dead letter", got[0].LastError)
+		recs := records(t)
+		require.NotEmpty(t, recs)
+		for _, rec := range recs {
+			b, err := json.Marshal(rec)
+			require.NoError(t, err)
+			noSecret(t, "log record", string(b))
+		}
+	})
 }
