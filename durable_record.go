@@ -112,8 +112,9 @@ func appendString(b []byte, s string) []byte {
 // putIn puts the encoding of s under key into b, sized once and written in
 // place: head is scratch room for the small fields before the body. With raw
 // non-nil, the body is JSONCodec's encoding of raw, written straight into b
-// (s.body is ignored). It returns the body: s.body, or with raw the bytes of
-// b that hold its encoding; and the head buffer for reuse.
+// (s.body is ignored). It returns, with raw, the bytes of b that hold the
+// body's encoding (nil without raw: the body is s.body); and the head buffer
+// for reuse.
 func (s *storedMsg) putIn(b *wal.Batch, key, head, raw []byte) (body, headBuf []byte) {
 	head = s.appendHead(head[:0])
 	n := len(s.body)
@@ -129,11 +130,11 @@ func (s *storedMsg) putIn(b *wal.Batch, key, head, raw []byte) (body, headBuf []
 	v := b.PutSized(key, size)
 	w := append(v[:0], head...)
 	w = binary.AppendUvarint(w, uint64(n))
-	if body = s.body; raw != nil {
+	if raw != nil {
 		start := len(w)
 		w = appendJSONBytes(w, raw)
 		body = w[start:len(w):len(w)]
-	} else {
+	} else { // body stays nil: returning s.body would move what s points to (its queues) to the heap
 		w = append(w, s.body...)
 	}
 	if w = s.appendTail(w); len(w) != size || &w[0] != &v[0] {

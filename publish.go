@@ -455,7 +455,11 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 			msgs[i].ext().dkey = key
 		}
 	}
-	body, sc.val = rec.putIn(b, kb, sc.val, raw)
+	var inBatch []byte
+	inBatch, sc.val = rec.putIn(b, kb, sc.val, raw)
+	if inBatch != nil {
+		body = inBatch
+	}
 	if inPlace { // body is in b's bytes, which the consumers keep: b is not reused
 		defer func() { sc.b = wal.Batch{} }()
 	}

@@ -20,12 +20,15 @@
 //
 // An endpoint may carry secrets: a password (http://user:pass@host/hook) or a
 // token in the query (?token=...). No error of the consumer shows them, so
-// that they reach neither the MQ's log nor dead letters: the endpoint is
-// written as [url.URL.Redacted] writes it, with the value of every query
+// that they reach neither the MQ's log nor dead letters: errors write the
+// endpoint as [url.URL.Redacted] does, with the value of every query
 // parameter (and a username given without a password, often a token) also
-// replaced by xxxxx, and those secrets are removed likewise from the errors
-// of net/http, from [StatusError]'s fields and from the start of a response
-// body that the error quotes.
+// replaced by xxxxx. The same goes for the text of net/http's errors, which
+// quote the URL (a [*url.Error] in the chain carries the redacted URL), for
+// [StatusError]'s fields, and for the start of the response body that a
+// StatusError quotes. A secret of 6 bytes or more is replaced wherever it
+// appears in that text; a shorter one only where the URL or its userinfo
+// appears, lest every "1" in an address be replaced.
 package webhook
 
 import (

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -620,4 +621,46 @@ func TestAsyncOpsMerge(t *testing.T) {
 	got = nil
 	require.NoError(t, a.take(&spare, collect))
 	assert.Empty(t, got, "nothing waits")
+}
+
+// A record of directRecord bytes or more is written from its batch, in its
+// place among the group's records; the batch may be reused as soon as
+// Commit returns, and what the log holds is unchanged by that.
+func TestLargeRecordsKeepTheirPlaceAndTheirBytes(t *testing.T) {
+	dir := t.TempDir()
+	l := openT(t, dir, Options{}, nil)
+	big := strings.Repeat("b", 3*directRecord)
+	want := map[string]string{}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			var b Batch
+			for i := range 20 {
+				k, v := fmt.Sprintf("g%d/%02d", g, i), fmt.Sprint(i)
+				if i%5 == 0 {
+					v = big
+				}
+				b.Reset()
+				b.Put([]byte(k), []byte(v))
+				b.Put([]byte(fmt.Sprintf("g%d/last", g)), []byte(k))
+				assert.NoError(t, l.Commit(&b))
+				for j := range b.buf { // reuse the batch's bytes at once
+					b.buf[j] = 'x'
+				}
+			}
+		})
+		for i := range 20 {
+			k, v := fmt.Sprintf("g%d/%02d", g, i), fmt.Sprint(i)
+			if i%5 == 0 {
+				v = big
+			}
+			want[k] = v
+		}
+		want[fmt.Sprintf("g%d/last", g)] = fmt.Sprintf("g%d/19", g)
+	}
+	wg.Wait()
+	assert.True(t, maps.Equal(want, contents(t, l)), "what the log holds")
+	require.NoError(t, l.Close())
+	l = openT(t, dir, Options{}, nil)
+	assert.True(t, maps.Equal(want, contents(t, l)), "after a reopen")
 }

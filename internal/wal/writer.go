@@ -233,8 +233,16 @@ func (l *Log) writeGroup(group []*request) error {
 
 func (l *Log) head() *segment { return l.segs[len(l.segs)-1] }
 
+// directRecord is the size from which appendRecord writes a record from its
+// own buffer instead of copying it into the write buffer: a large message is
+// then not held twice.
+const directRecord = 1 << 20
+
 // appendRecord seals rec into the write buffer, rolling to a new segment
-// first if it would not fit in the head.
+// first if it would not fit in the head. A record of directRecord bytes or
+// more is sealed in place and written at once, after what the buffer holds:
+// rec is the writer's until the call returns (its committer waits, or it is
+// the writer's own buffer).
 func (l *Log) appendRecord(rec []byte, compaction bool) error {
 	head := l.head()
 	end := head.size + int64(len(l.w.wbuf))
@@ -243,6 +251,19 @@ func (l *Log) appendRecord(rec []byte, compaction bool) error {
 			return err
 		}
 		head = l.head()
+	}
+	if len(rec) >= directRecord {
+		if err := l.flush(); err != nil {
+			return err
+		}
+		buf := l.w.wbuf
+		sealRecord(rec, l.w.nextSeq, l.w.synced, head.salt)
+		l.w.nextSeq++
+		l.w.wbuf = rec
+		l.w.pending = append(l.w.pending, pendingRec{start: 0, end: len(rec), compaction: compaction})
+		err := l.flush()
+		l.w.wbuf = buf[:0] // never keep rec, which is the committer's
+		return err
 	}
 	start := len(l.w.wbuf)
 	l.w.wbuf = append(l.w.wbuf, rec...)
