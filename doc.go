@@ -32,11 +32,14 @@
 // # Delivery
 //
 // Publish stamps the message with the exchange's next sequence number
-// ([Msg.ID]) and appends a copy to each matching queue's unbounded buffer; it
-// never waits for a consumer. Each queue's workers call its [ConsumerFunc]. A
-// consumer that returns an error or panics fails that delivery only: the
-// failure is logged (see [WithLogger]) and the worker goes on. With concurrency
-// 1 a queue delivers in publish order.
+// ([Msg.ID]) and appends a copy to each matching queue's buffer, which is
+// unbounded unless the queue has a length limit ([WithMaxLen]); it never waits
+// for a consumer (only, with the [Block] overflow, for room). Each queue's
+// workers call its [ConsumerFunc]. A consumer that returns an error or panics
+// fails that delivery only: the failure is logged (see [WithLogger]), retried
+// as [WithRetry] says, then dead-lettered ([WithDeadLetter]), and the worker
+// goes on. With concurrency 1 a queue delivers in publish order. [WithMessageTTL],
+// [WithExpiration] and [WithDelay] add time to it.
 //
 // # Consumer forms
 //
@@ -64,6 +67,31 @@
 // for every worker. [MQ.Shutdown] does the same within a deadline, and reports
 // how many messages it could not deliver when the deadline passes. Cancelling
 // the context given to Start stops the MQ as Stop does.
+//
+// # Durability
+//
+// By default messages live in memory. With [WithDataDir] an MQ keeps a
+// write-ahead log, and queues registered [WithDurable] keep their messages in
+// it: a Publish to such a queue returns nil only once the message is on disk,
+// and after a crash or a kill -9 the next MQ on the same directory delivers
+// again what was not acknowledged. [WithSync] trades the last interval of a
+// power loss for speed; [WithMaxMessageSize] bounds a message.
+//
+// # Engines
+//
+// [WithEngine] runs the same API on another broker: the nested module
+// github.com/tinymq/tinymq/amqp runs it on RabbitMQ, so that several processes
+// share queues. What an engine cannot do is refused with [ErrUnsupported].
+//
+// # Observing
+//
+// [MQ.Stats] counts what happened in every exchange and queue (every accepted
+// message ends in exactly one of Succeeded, DeadLettered, Dropped or
+// Undelivered), [MQ.Topology] lists exchanges, queues and bindings, and
+// [MQ.RecentDeadLetters] keeps the latest dead letters. The package
+// tinymq/admin serves them as a page, and the nested modules prometheus and
+// otel export them; [WithLogger] receives what cannot be returned as an
+// error.
 //
 // # Errors
 //

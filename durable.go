@@ -43,9 +43,11 @@ func WithLogRepair() Option {
 // returns once the message is written to the operating system, and the log is
 // synced at least every d: a crash of the process loses nothing, a crash of
 // the machine or a power loss loses the messages of the last d. A negative d
-// is treated as 0.
+// is invalid: the calls that open the log ([MQ.Start], and [MQ.RegisterQueue]
+// or [MQ.DeclareExchange] on an MQ with a data directory) return an error
+// wrapping [ErrInvalidOption].
 func WithSync(d time.Duration) Option {
-	return optionFunc(func(m *MQ) { m.syncEvery = max(d, 0) })
+	return optionFunc(func(m *MQ) { m.syncEvery = d })
 }
 
 // WithDurable makes the queue keep its messages in the MQ's write-ahead log
@@ -111,6 +113,9 @@ type recoveredMsg struct {
 // the cause (another process holding the directory, a directory that was
 // not writable) is gone.
 func (m *MQ) openLog() error {
+	if m.syncEvery < 0 {
+		return fmt.Errorf("%w: WithSync(%v): a sync interval cannot be negative", ErrInvalidOption, m.syncEvery)
+	}
 	if m.dur != nil || m.dataDir == "" {
 		return nil
 	}

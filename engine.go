@@ -112,7 +112,8 @@ type Publishing struct {
 	Delay      time.Duration
 }
 
-// WithEngine makes the MQ run on e instead of in memory. A nil e is ignored.
+// WithEngine makes the MQ run on e instead of in memory. A nil e, like the
+// default, keeps the MQ in memory.
 // An Engine serves one MQ: give each MQ an option of its own (such as a new
 // amqp.Engine call). See [Engine].
 func WithEngine(e Engine) Option {

@@ -21,8 +21,9 @@ var (
 	// ErrNilConsumer is returned by RegisterQueue when the consumer is nil.
 	ErrNilConsumer = errors.New("tinymq: nil consumer")
 
-	// ErrInvalidConcurrency is returned by RegisterQueue when concurrency is below 1.
-	ErrInvalidConcurrency = errors.New("tinymq: concurrency must be at least 1")
+	// ErrInvalidConcurrency is returned by RegisterQueue when concurrency is
+	// below 1 or above [MaxConcurrency].
+	ErrInvalidConcurrency = errors.New("tinymq: concurrency must be 1 to MaxConcurrency")
 
 	// ErrInvalidKind is returned for an ExchangeType that is not one of the declared
 	// constants.
