@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -468,47 +469,6 @@ func TestDeliveryOptionValidation(t *testing.T) {
 	m.Stop()
 }
 
-func TestStatsReconcile(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		m := tinymq.New()
-		dead := deadLetters(t, m)
-		require.NoError(t, m.RegisterQueue("ev", tinymq.Direct, func(_ context.Context, msg *tinymq.Msg) error {
-			time.Sleep(time.Duration(msg.Data.(int)) * time.Millisecond)
-			if msg.Data.(int)%3 == 0 {
-				return errors.New("divisible by 3")
-			}
-			return nil
-		}, 2, tinymq.WithQueueName("q"), tinymq.WithBindingKey("k"),
-			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}), tinymq.WithDeadLetter("dlx", "")))
-		require.NoError(t, m.Start(context.Background()))
-		for i := 1; i <= 30; i++ {
-			require.NoError(t, m.Publish("ev", i, tinymq.WithRoutingKey("k")))
-		}
-		require.ErrorIs(t, m.Publish("ev", 0, tinymq.WithRoutingKey("other")), tinymq.ErrNoRoute)
-		m.Stop()
-		s := m.Stats()
-		assert.Equal(t, tinymq.ExchangeStats{Kind: tinymq.Direct, Published: 30, Unroutable: 1}, s.Exchanges["ev"])
-		q := s.Queues["q"]
-		assert.Equal(t, uint64(30), q.Accepted)
-		assert.Equal(t, uint64(20), q.Succeeded)
-		assert.Equal(t, uint64(10), q.DeadLettered)
-		assert.Equal(t, q.Accepted, q.Succeeded+q.DeadLettered+q.Dropped+q.Undelivered)
-		assert.Equal(t, uint64(40), q.Delivered)
-		assert.Equal(t, uint64(20), q.Failed)
-		assert.Equal(t, uint64(10), q.Retried)
-		assert.Zero(t, q.Depth)
-		assert.Zero(t, q.InFlight)
-		assert.Len(t, dead, 10)
-		assert.Equal(t, uint64(10), s.Queues["dead"].Succeeded)
-		ct := q.ConsumerTime
-		assert.Positive(t, ct.Samples)
-		assert.LessOrEqual(t, ct.Max, 30*time.Millisecond)
-		assert.GreaterOrEqual(t, ct.Max, time.Millisecond)
-		assert.LessOrEqual(t, ct.P50, ct.P99)
-		assert.LessOrEqual(t, ct.P99, ct.Max)
-	})
-}
-
 // TestStressEveryAcceptedMessageEndsOnce publishes from many goroutines into
 // consumers that fail and panic at random, stops in the middle of it, and
 // checks that every accepted message ended exactly once, delivered or
@@ -621,4 +581,552 @@ func TestRetryDeliversACopy(t *testing.T) {
 		assert.Equal(t, 2, seen[1].Attempt)
 		assert.Equal(t, seen[0].ID, seen[1].ID)
 	})
+}
+
+// A message that already has a death record is fanned out to two queues
+// that both dead-letter it: each copy gets its own record in front of the
+// shared one, and neither queue's kept Deaths change.
+func TestDeathRecordsAreIsolatedPerQueue(t *testing.T) {
+	for _, f := range consumerForms() {
+		if !f.meta {
+			continue
+		}
+		t.Run(f.name, func(t *testing.T) {
+			m := tinymq.New()
+			final := make(chan *tinymq.Msg, 100)
+			var mu sync.Mutex
+			kept := map[string][][]tinymq.Death{}
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("src"), tinymq.WithDeadLetter("dlx1", "")))
+			for _, q := range []string{"x", "y"} {
+				require.NoError(t, f.register(m, "dlx1", tinymq.Fanout, func(_ context.Context, c formCall) error {
+					mu.Lock()
+					kept[q] = append(kept[q], c.Deaths)
+					mu.Unlock()
+					return errors.New("fail in " + q)
+				}, 2, tinymq.WithQueueName(q), tinymq.WithDeadLetter("dlx2", "")))
+			}
+			require.NoError(t, m.RegisterQueue("dlx2", tinymq.Fanout, sink(final), 1, tinymq.WithQueueName("final")))
+			require.NoError(t, m.Start(context.Background()))
+			defer stopWithin(t, m)
+			const n = 20
+			for i := range n {
+				require.NoError(t, m.Publish("ev", &numbered{N: i}))
+			}
+			seen := map[string]int{}
+			for _, msg := range recv(t, final, 2*n) {
+				p := msg.Data.(*numbered)
+				if assert.Len(t, msg.Deaths, 2, "message %d", p.N) {
+					q := msg.Deaths[0].Queue
+					seen[fmt.Sprintf("%d/%s", p.N, q)]++
+					assert.Contains(t, []string{"x", "y"}, q)
+					assert.Equal(t, "fail in "+q, msg.Deaths[0].LastError)
+					assert.Equal(t, "src", msg.Deaths[1].Queue)
+					assert.Equal(t, 1, msg.Deaths[0].Count)
+					assert.Equal(t, 1, msg.Deaths[1].Count)
+				}
+			}
+			assert.Len(t, seen, 2*n, "each queue dead-letters its own copy once")
+			stopWithin(t, m)
+			for q, list := range kept {
+				require.Len(t, list, n, q)
+				for _, deaths := range list {
+					if assert.Len(t, deaths, 1, "%s: its Deaths changed after another queue dead-lettered its copy", q) {
+						assert.Equal(t, "src", deaths[0].Queue)
+						assert.Equal(t, 1, deaths[0].Count)
+					}
+				}
+			}
+			for _, q := range []string{"src", "x", "y", "final"} {
+				assertLedger(t, q, m.Stats().Queues[q])
+			}
+		})
+	}
+}
+
+// A second death in the same queue increments the record's Count and moves
+// it to the front; a copy delivered after the first death keeps Count 1.
+func TestDeathCountDoesNotRewriteEarlierCopies(t *testing.T) {
+	for _, f := range consumerForms() {
+		if !f.meta {
+			continue
+		}
+		t.Run(f.name, func(t *testing.T) {
+			m := tinymq.New()
+			var calls callCounts
+			type keptCopy struct {
+				n      int
+				deaths []tinymq.Death
+				count  int
+			}
+			got := make(chan keptCopy, 100)
+			aSaw := make(chan formCall, 100)
+			require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(_ context.Context, c formCall) error {
+				aSaw <- c
+				if calls.inc(c.N) <= 2 {
+					return errors.New("die")
+				}
+				return nil
+			}, 2, tinymq.WithQueueName("a"), tinymq.WithDeadLetter("dlx", "")))
+			require.NoError(t, m.Bind("a", "dlx", tinymq.Fanout))
+			require.NoError(t, f.register(m, "dlx", tinymq.Fanout, func(_ context.Context, c formCall) error {
+				kc := keptCopy{n: c.N, deaths: c.Deaths}
+				if len(c.Deaths) > 0 {
+					kc.count = c.Deaths[0].Count
+				}
+				got <- kc
+				return nil
+			}, 2, tinymq.WithQueueName("k")))
+			require.NoError(t, m.Start(context.Background()))
+			defer stopWithin(t, m)
+			const n = 10
+			for i := range n {
+				require.NoError(t, m.Publish("ev", &numbered{N: i}))
+			}
+			copies := recv(t, got, 2*n)
+			seenByA := map[int][]int{}
+			for _, c := range recv(t, aSaw, 3*n) {
+				cnt := 0
+				if len(c.Deaths) > 0 {
+					cnt = c.Deaths[0].Count
+				}
+				seenByA[c.N] = append(seenByA[c.N], cnt)
+			}
+			stopWithin(t, m)
+			for i := range n {
+				got := seenByA[i]
+				sort.Ints(got)
+				assert.Equal(t, []int{0, 1, 2}, got, "message %d: death Count as queue a saw it, per delivery", i)
+			}
+			byN := map[int][]keptCopy{}
+			for _, c := range copies {
+				byN[c.n] = append(byN[c.n], c)
+			}
+			for i := range n {
+				list := byN[i]
+				require.Len(t, list, 2, "message %d", i)
+				sort.Slice(list, func(a, b int) bool { return list[a].count < list[b].count })
+				for j, c := range list {
+					if assert.Len(t, c.deaths, 1, "one record per queue and reason") {
+						assert.Equal(t, j+1, c.count, "message %d: Count when delivered", i)
+						assert.Equal(t, j+1, c.deaths[0].Count, "message %d: a kept copy's death record was rewritten later", i)
+						assert.Equal(t, "a", c.deaths[0].Queue)
+						assert.Equal(t, "ev", c.deaths[0].Exchange, "the first death's exchange is kept")
+					}
+				}
+			}
+			s := m.Stats().Queues["a"]
+			assert.Equal(t, uint64(3*n), s.Accepted)
+			assert.Equal(t, uint64(2*n), s.DeadLettered)
+			assertLedger(t, "a", s)
+		})
+	}
+}
+
+// One keyed publish to three queues with different retry policies: each
+// queue counts its own attempts, and only the queue that gave up
+// dead-letters its copy, with its own death record.
+func TestRetriesOfOnePublishAreIsolatedPerQueue(t *testing.T) {
+	for _, f := range consumerForms() {
+		if !f.meta {
+			continue
+		}
+		t.Run(f.name, func(t *testing.T) {
+			m := tinymq.New()
+			dead := hDeadQueue(t, m, 100)
+			var mu sync.Mutex
+			attempts := map[string][]int{}
+			hdr := map[string]any{"h": "v", "n": int64(3)}
+			for i, policy := range []int{3, 2, 1} {
+				q := fmt.Sprintf("q%d", i)
+				require.NoError(t, f.register(m, "ev", tinymq.Topic, func(_ context.Context, c formCall) error {
+					mu.Lock()
+					attempts[fmt.Sprintf("%s/%d", q, c.N)] = append(attempts[fmt.Sprintf("%s/%d", q, c.N)], c.Attempt)
+					mu.Unlock()
+					if c.Queue != q || c.RoutingKey != "a.b" || c.Headers["h"] != "v" || len(c.Deaths) != 0 {
+						return tinymq.Permanent(fmt.Errorf("%s saw %+v", q, c))
+					}
+					switch q {
+					case "q0":
+						return errors.New("q0 fails")
+					case "q1":
+						if c.Attempt == 1 {
+							return errors.New("q1 fails once")
+						}
+					}
+					return nil
+				}, 2, tinymq.WithQueueName(q), tinymq.WithBindingKey("a.*"), tinymq.WithDeadLetter("dlx", ""),
+					tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: policy, InitialBackoff: time.Millisecond})))
+			}
+			require.NoError(t, m.Start(context.Background()))
+			defer stopWithin(t, m)
+			const n = 20
+			for i := range n {
+				require.NoError(t, m.Publish("ev", &numbered{N: i}, tinymq.WithRoutingKey("a.b"), tinymq.WithHeaders(hdr)))
+			}
+			for _, d := range recv(t, dead, n) {
+				if assert.Len(t, d.Deaths, 1) {
+					assert.Equal(t, "q0", d.Deaths[0].Queue)
+					assert.Equal(t, 3, d.Deaths[0].Attempts)
+					assert.Equal(t, "q0 fails", d.Deaths[0].LastError)
+					assert.Equal(t, "a.b", d.Deaths[0].RoutingKey)
+				}
+				assert.Equal(t, "a.b", d.RoutingKey)
+				assert.Equal(t, "v", d.Headers["h"])
+			}
+			stopWithin(t, m)
+			for i := range n {
+				assert.Equal(t, []int{1, 2, 3}, attempts[fmt.Sprintf("q0/%d", i)])
+				assert.Equal(t, []int{1, 2}, attempts[fmt.Sprintf("q1/%d", i)])
+				assert.Equal(t, []int{1}, attempts[fmt.Sprintf("q2/%d", i)])
+			}
+			st := m.Stats()
+			assert.Equal(t, hCounts{Delivered: 3 * n, Failed: 3 * n, Retried: 2 * n, DeadLettered: n}, hCountsOf(st.Queues["q0"]))
+			assert.Equal(t, hCounts{Delivered: 2 * n, Succeeded: n, Failed: n, Retried: n}, hCountsOf(st.Queues["q1"]))
+			assert.Equal(t, hCounts{Delivered: n, Succeeded: n}, hCountsOf(st.Queues["q2"]))
+			assert.Equal(t, map[string]any{"h": "v", "n": int64(3)}, hdr, "published headers untouched")
+		})
+	}
+}
+
+// multiErr wraps several errors (Unwrap() []error).
+type multiErr []error
+
+func (e multiErr) Error() string { return "multi" }
+
+func (e multiErr) Unwrap() []error { return e }
+
+// saysPermanentErr matches ErrPermanent through its own Is.
+type saysPermanentErr struct{}
+
+func (saysPermanentErr) Error() string { return "says permanent" }
+
+func (saysPermanentErr) Is(target error) bool { return target == tinymq.ErrPermanent }
+
+// ErrPermanent anywhere in the chain (wrapped, joined, in a multi-error, in a
+// panic value, behind a *PanicError) skips the retries; anything else is
+// retried up to MaxAttempts.
+func TestPermanentAnywhereInTheChainSkipsRetries(t *testing.T) {
+	base := errors.New("base")
+	perm := tinymq.Permanent(base)
+	type tc struct {
+		fail      func() error // returns the error, or panics
+		permanent bool
+	}
+	cases := map[string]tc{
+		"Permanent":                  {func() error { return perm }, true},
+		"wrapped":                    {func() error { return fmt.Errorf("a: %w", fmt.Errorf("b: %w", perm)) }, true},
+		"joined":                     {func() error { return errors.Join(errors.New("x"), perm) }, true},
+		"two %w":                     {func() error { return fmt.Errorf("%w, %w", errors.New("x"), perm) }, true},
+		"multi, deep":                {func() error { return multiErr{errors.New("x"), multiErr{errors.New("y"), fmt.Errorf("z: %w", perm)}} }, true},
+		"own Is":                     {func() error { return fmt.Errorf("w: %w", saysPermanentErr{}) }, true},
+		"returned PanicError":        {func() error { return &tinymq.PanicError{Value: perm} }, true},
+		"PanicError joined":          {func() error { return errors.Join(errors.New("x"), &tinymq.PanicError{Value: perm}) }, true},
+		"panic(Permanent)":           {func() error { panic(perm) }, true},
+		"panic(wrapped Permanent)":   {func() error { panic(fmt.Errorf("w: %w", perm)) }, true},
+		"plain error":                {func() error { return base }, false},
+		"panic(string)":              {func() error { panic("boom") }, false},
+		"Permanent text, not chain":  {func() error { return errors.New(perm.Error()) }, false},
+		"PanicError of plain error":  {func() error { return &tinymq.PanicError{Value: base} }, false},
+		"joined without a permanent": {func() error { return errors.Join(errors.New("x"), base) }, false},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := tinymq.New(quiet())
+			dead := deadLetters(t, m)
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+				return c.fail()
+			}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""),
+				tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})))
+			require.NoError(t, m.Start(context.Background()))
+			defer stopWithin(t, m)
+			require.NoError(t, m.Publish("ev", 1))
+			d := recv(t, dead, 1)[0]
+			st := waitSettled(t, m, "q", 1)
+			want := 3
+			if c.permanent {
+				want = 1
+			}
+			assert.Equal(t, want, d.Deaths[0].Attempts)
+			assert.Equal(t, uint64(want), st.Delivered)
+			assert.Equal(t, uint64(want-1), st.Retried)
+			assert.Equal(t, uint64(1), st.DeadLettered)
+		})
+	}
+}
+
+// WithMaxLen counts the same messages as Depth: with a limit of 3, three
+// published before Start and one of them in the consumer, one more is
+// accepted and the next refused (a worker's batch once hid two of them).
+func TestMaxLenCountsEveryWaitingMessage(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	m := tinymq.New()
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-release
+		return nil
+	}, 1, tinymq.WithQueueName("q"), tinymq.WithMaxLen(3, tinymq.RejectPublish)))
+	for i := range 3 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	require.NoError(t, m.Start(context.Background()))
+	recv(t, entered, 1)
+	require.NoError(t, m.Publish("ev", 3))
+	assert.ErrorIs(t, m.Publish("ev", 4), tinymq.ErrQueueFull)
+	assert.Equal(t, 3, m.Stats().Queues["q"].Depth)
+	close(release)
+	m.Stop()
+}
+
+// A retry into a full queue does not push it past its limit: with
+// RejectPublish the retry is refused and the message dead-lettered with
+// reason maxlen; Depth never exceeds the limit.
+func TestRetryIntoAFullQueueKeepsTheLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		dead := deadLetters(t, m)
+		first := true
+		release := make(chan struct{})
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			if first {
+				first = false
+				<-release
+				return errors.New("fail once")
+			}
+			return nil
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithMaxLen(2, tinymq.RejectPublish), tinymq.WithDeadLetter("dlx", ""),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second})))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", "fails"))
+		synctest.Wait()
+		require.NoError(t, m.Publish("ev", "a"))
+		require.NoError(t, m.Publish("ev", "b")) // the queue is full
+		close(release)
+		synctest.Wait()
+		st := m.Stats().Queues["q"]
+		assert.LessOrEqual(t, st.Depth, 2)
+		m.Stop()
+		d := <-dead
+		assert.Equal(t, "fails", d.Data)
+		assert.Equal(t, tinymq.ReasonMaxLen, d.Deaths[0].Reason)
+		assert.Equal(t, "fail once", d.Deaths[0].LastError)
+		assert.Equal(t, uint64(1), m.Stats().Queues["q"].Overflowed)
+	})
+}
+
+// RabbitMQ: a message that expires at the head of its queue is dead-lettered
+// when its TTL passes, even while every consumer is busy, so dead letters come
+// out in expiry order.
+func TestExpiryAtTheHeadIsOnTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		m := tinymq.New()
+		type death struct {
+			data any
+			at   time.Duration
+		}
+		var mu sync.Mutex
+		var deaths []death
+		require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			mu.Lock()
+			deaths = append(deaths, death{msg.Data, time.Since(start)})
+			mu.Unlock()
+			return nil
+		}, 1, tinymq.WithQueueName("dead")))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			time.Sleep(time.Hour) // every consumer is busy
+			return nil
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", "")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", "busy"))
+		synctest.Wait()
+		require.NoError(t, m.Publish("ev", "one second", tinymq.WithExpiration(time.Second)))
+		require.NoError(t, m.Publish("ev", "two seconds", tinymq.WithExpiration(2*time.Second)))
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		mu.Lock()
+		assert.Equal(t, []death{{"one second", time.Second}, {"two seconds", 2 * time.Second}}, deaths)
+		mu.Unlock()
+		m.Stop()
+	})
+}
+
+// RabbitMQ: only the head expires on time; a short TTL behind a long one
+// waits until it reaches the head.
+func TestShortTTLBehindALongOneWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		m := tinymq.New()
+		at := make(chan time.Duration, 2)
+		require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			at <- time.Since(start)
+			return nil
+		}, 1))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			time.Sleep(time.Hour)
+			return nil
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", "")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", "busy"))
+		synctest.Wait()
+		require.NoError(t, m.Publish("ev", "long", tinymq.WithExpiration(5*time.Second)))
+		require.NoError(t, m.Publish("ev", "short", tinymq.WithExpiration(time.Second)))
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, 5*time.Second, <-at)
+		assert.Equal(t, 5*time.Second, <-at, "the short one expired behind the long one and goes when it reaches the head")
+		m.Stop()
+	})
+}
+
+// RabbitMQ (rabbit_dead_letter): an expiry cycle through two queues is broken
+// per target queue: A expires into B, B expires into A, and A's copy is
+// dropped, while a third queue bound to the same dead-letter exchange still
+// gets its copy.
+func TestTwoQueueExpiryCycleDropsOnlyTheCyclingCopy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		busy := func(context.Context, *tinymq.Msg) error { time.Sleep(time.Hour); return nil }
+		require.NoError(t, m.RegisterQueue("to-a", tinymq.Fanout, busy, 1, tinymq.WithQueueName("A"),
+			tinymq.WithMessageTTL(time.Second), tinymq.WithDeadLetter("to-b", "")))
+		require.NoError(t, m.RegisterQueue("to-b", tinymq.Fanout, busy, 1, tinymq.WithQueueName("B"),
+			tinymq.WithMessageTTL(time.Second), tinymq.WithDeadLetter("to-a", "")))
+		witness := make(chan *tinymq.Msg, 10)
+		require.NoError(t, m.RegisterQueue("to-a", tinymq.Fanout, sink(witness), 1, tinymq.WithQueueName("C")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("to-a", "busy A"))
+		require.NoError(t, m.Publish("to-b", "busy B"))
+		<-witness
+		synctest.Wait()
+		// B expires it (1s) into A and C; A expires it (1s) towards B, where
+		// it died before with no rejection since: B's copy is dropped.
+		require.NoError(t, m.Publish("to-b", "loop"))
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		st := m.Stats()
+		assert.Equal(t, uint64(1), st.Queues["B"].DeadLettered, "B's expiry went to A and C")
+		assert.Equal(t, uint64(0), st.Queues["A"].DeadLettered)
+		assert.Equal(t, uint64(1), st.Queues["A"].Dropped, "A's expiry would cycle into B: dropped")
+		require.Len(t, witness, 1, "C got its copy of B's dead letter")
+		assert.Equal(t, "loop", (<-witness).Data)
+		m.Stop()
+	})
+}
+
+// RabbitMQ: a cycle that contains a rejection is not broken.
+func TestCycleThroughARejectionIsNotBroken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		var calls atomic.Int32
+		got := make(chan *tinymq.Msg, 1)
+		require.NoError(t, m.RegisterQueue("work", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			if calls.Add(1) == 1 {
+				return errors.New("rejected once")
+			}
+			got <- msg
+			return nil
+		}, 1, tinymq.WithQueueName("work"), tinymq.WithDeadLetter("wait", "")))
+		// the wait queue has no consumer that gets to it: its messages expire back to work
+		require.NoError(t, m.RegisterQueue("wait", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			time.Sleep(time.Hour)
+			return nil
+		}, 1, tinymq.WithQueueName("wait"), tinymq.WithMessageTTL(time.Second), tinymq.WithDeadLetter("work", "")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("wait", "busy"))
+		synctest.Wait()
+		require.NoError(t, m.Publish("work", "job"))
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		require.Len(t, got, 1, "work -> rejected -> wait -> expired -> work: delivered again")
+		msg := <-got
+		require.Len(t, msg.Deaths, 2)
+		assert.Equal(t, tinymq.ReasonExpired, msg.Deaths[0].Reason)
+		assert.Equal(t, "wait", msg.Deaths[0].Queue)
+		assert.Equal(t, tinymq.ReasonRejected, msg.Deaths[1].Reason)
+		assert.Equal(t, "work", msg.Deaths[1].Queue)
+		m.Stop()
+	})
+}
+
+// RabbitMQ's x-death keeps one entry per queue and reason with a count, and
+// the entry keeps the exchange and routing key of its first death; the
+// records do not grow with each lap of a rejection cycle.
+func TestDeathRecordsCountLaps(t *testing.T) {
+	m := tinymq.New()
+	got := make(chan *tinymq.Msg, 1)
+	var laps atomic.Int32
+	require.NoError(t, m.RegisterQueue("work", tinymq.Topic, func(_ context.Context, msg *tinymq.Msg) error {
+		if laps.Add(1) <= 5 {
+			return errors.New("again")
+		}
+		got <- msg
+		return nil
+	}, 1, tinymq.WithQueueName("work"), tinymq.WithBindingKey("#"), tinymq.WithDeadLetter("work", "retry.key")))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("work", "job", tinymq.WithRoutingKey("first.key")))
+	msg := recv(t, got, 1)[0]
+	m.Stop()
+	require.Len(t, msg.Deaths, 1, "one record per queue and reason")
+	d := msg.Deaths[0]
+	assert.Equal(t, 5, d.Count)
+	assert.Equal(t, "first.key", d.RoutingKey, "the routing key of the first death")
+	assert.Equal(t, uint64(1), d.MessageID, "the message's ID when it first died")
+	assert.Equal(t, "again", d.LastError)
+	assert.Equal(t, "retry.key", msg.RoutingKey)
+}
+
+// A message that failed and then expired while backing off keeps its last
+// error in its death record.
+func TestExpiredWhileBackingOffKeepsItsLastError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		dead := deadLetters(t, m)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			return errors.New("database down")
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""), tinymq.WithMessageTTL(time.Second),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 5, InitialBackoff: 2 * time.Second})))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		require.Len(t, dead, 1)
+		d := (<-dead).Deaths[0]
+		assert.Equal(t, tinymq.ReasonExpired, d.Reason)
+		assert.Equal(t, "database down", d.LastError)
+		m.Stop()
+	})
+}
+
+// RabbitMQ drops only the copy that a full reject-publish queue refuses: a
+// dead letter has no publisher to hand an error to. The others get theirs.
+func TestDeadLetterRefusedByOneFullQueueReachesTheOthers(t *testing.T) {
+	m := tinymq.New()
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		entered <- struct{}{}
+		<-release
+		return nil
+	}, 1, tinymq.WithQueueName("full"), tinymq.WithMaxLen(1, tinymq.RejectPublish)))
+	ok := make(chan *tinymq.Msg, 10)
+	require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, sink(ok), 1, tinymq.WithQueueName("ok")))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", "")))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("dlx", "in consumer"))
+	recv(t, entered, 1)
+	require.NoError(t, m.Publish("dlx", "fills the queue"))
+	recv(t, ok, 2)
+	require.NoError(t, m.Publish("ev", "dies"))
+	d := recv(t, ok, 1)[0]
+	assert.Equal(t, "dies", d.Data)
+	// The dead letter can arrive before its source counts it.
+	require.Eventually(t, func() bool { return m.Stats().Queues["q"].DeadLettered == 1 }, wait, time.Millisecond)
+	st := m.Stats()
+	assert.Equal(t, uint64(1), st.Queues["full"].Rejected)
+	assert.ErrorIs(t, m.Publish("dlx", "a publish is still all or nothing"), tinymq.ErrQueueFull)
+	close(release)
+	m.Stop()
 }

@@ -3,7 +3,6 @@ package tinymq_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -224,10 +223,6 @@ func BenchmarkRecover(b *testing.B) {
 		})
 	}
 }
-
-// discardLogger drops everything, such as the undelivered count that a Stop
-// before Start logs.
-var discardLogger = slog.New(slog.DiscardHandler)
 
 // buildBacklog publishes n messages of 64 bytes to a durable queue of a new MQ
 // in dir, with nothing consuming them, stops it, and returns the size of the

@@ -2,6 +2,8 @@ package tinymq_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -419,5 +421,141 @@ func TestExchangeTypeString(t *testing.T) {
 		tinymq.Fanout: "fanout", tinymq.Direct: "direct", tinymq.Topic: "topic", tinymq.Headers: "headers", 9: "ExchangeType(9)",
 	} {
 		assert.Equal(t, want, kind.String())
+	}
+}
+
+// referenceTopicMatch is a reference topic matcher with memoisation (the plain
+// recursion is exponential on the adversarial patterns).
+func referenceTopicMatch(pattern, key string) bool {
+	split := func(s string) []string {
+		if s == "" {
+			return nil
+		}
+		return strings.Split(s, ".")
+	}
+	p, k := split(pattern), split(key)
+	memo := map[[2]int]bool{}
+	var match func(i, j int) bool
+	match = func(i, j int) bool {
+		if v, ok := memo[[2]int{i, j}]; ok {
+			return v
+		}
+		var r bool
+		switch {
+		case i == len(p):
+			r = j == len(k)
+		case p[i] == "#":
+			r = match(i+1, j) || (j < len(k) && match(i, j+1))
+		case j == len(k):
+			r = false
+		case p[i] == "*" || p[i] == k[j]:
+			r = match(i+1, j+1)
+		}
+		memo[[2]int{i, j}] = r
+		return r
+	}
+	return match(0, 0)
+}
+
+// Topic routing through the public API against the reference, on random
+// bindings (several per queue) and keys, and on adversarial ones that make
+// the trie's plain walk run out of budget and switch to the remembering one.
+func TestTopicRoutingMatchesAReferenceMatcher(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	randKey := func(alphabet []string, maxWords int) string {
+		n := rng.IntN(maxWords + 1)
+		ws := make([]string, n)
+		for i := range ws {
+			ws[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		return strings.Join(ws, ".")
+	}
+	type round struct {
+		patterns [][]string // per queue
+		keys     []string
+	}
+	var rounds []round
+	for range 10 {
+		var r round
+		for range 8 {
+			var ps []string
+			for range 1 + rng.IntN(3) {
+				ps = append(ps, randKey([]string{"a", "b", "", "*", "#", "#", "*"}, 6))
+			}
+			r.patterns = append(r.patterns, ps)
+		}
+		for range 80 {
+			r.keys = append(r.keys, randKey([]string{"a", "b", ""}, 9))
+		}
+		rounds = append(rounds, r)
+	}
+	// Adversarial: many "#" between repeated words, long keys of that word.
+	adv := round{patterns: [][]string{
+		{strings.Repeat("#.a.", 9) + "#.b"},
+		{strings.Repeat("#.a.", 9) + "#"},
+		{"*.#.*.#.*.#.*.#.*.#.*.#.*.#"},
+		{strings.Repeat("#.a.", 6) + "#.b", strings.Repeat("#.*.", 5) + "b"},
+		{"#.#.#.#.#.#.a.#.#.#.#", "a.#.a.#.a"},
+		{strings.Repeat("#.", 20) + "b.#"},
+	}}
+	for n := 1; n <= 100; n += 9 {
+		adv.keys = append(adv.keys, strings.Repeat("a.", n)+"a", strings.Repeat("a.", n)+"b", strings.Repeat("a.", n/2)+"b."+strings.Repeat("a.", n/2)+"a")
+	}
+	rounds = append(rounds, adv)
+
+	for ri, r := range rounds {
+		m := tinymq.New(quiet())
+		type hit struct{ queue, key int }
+		var mu sync.Mutex
+		got := map[hit]int{}
+		total := 0
+		for qi, ps := range r.patterns {
+			err := m.RegisterQueue("t", tinymq.Topic, func(_ context.Context, msg *tinymq.Msg) error {
+				mu.Lock()
+				defer mu.Unlock()
+				got[hit{qi, msg.Data.(int)}]++
+				total++
+				return nil
+			}, 1, tinymq.WithQueueName(fmt.Sprint("q", qi)), tinymq.WithBindingKey(ps[0]))
+			require.NoError(t, err, "round %d, pattern %q", ri, ps[0])
+			for _, p := range ps[1:] {
+				require.NoError(t, m.Bind(fmt.Sprint("q", qi), "t", tinymq.Topic, tinymq.WithBindingKey(p)), "pattern %q", p)
+			}
+		}
+		require.NoError(t, m.Start(context.Background()))
+		want := map[hit]int{}
+		for ki, k := range r.keys {
+			n := 0
+			for qi, ps := range r.patterns {
+				if slices.ContainsFunc(ps, func(p string) bool { return referenceTopicMatch(p, k) }) {
+					want[hit{qi, ki}] = 1
+					n++
+				}
+			}
+			err := m.Publish("t", ki, tinymq.WithRoutingKey(k))
+			if n == 0 {
+				require.ErrorIs(t, err, tinymq.ErrNoRoute, "round %d, key %q", ri, k)
+			} else {
+				require.NoError(t, err, "round %d, key %q", ri, k)
+			}
+		}
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return total >= len(want)
+		}, wait, time.Millisecond)
+		stopWithin(t, m)
+		mu.Lock()
+		for h, c := range want {
+			if got[h] != c {
+				t.Errorf("round %d: queue %d (patterns %q), key %q: delivered %d times, want %d", ri, h.queue, r.patterns[h.queue], r.keys[h.key], got[h], c)
+			}
+		}
+		for h, c := range got {
+			if want[h] == 0 {
+				t.Errorf("round %d: queue %d (patterns %q), key %q: delivered %d times, want none", ri, h.queue, r.patterns[h.queue], r.keys[h.key], c)
+			}
+		}
+		mu.Unlock()
 	}
 }

@@ -3,6 +3,7 @@ package tinymq_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"slices"
 	"sync"
@@ -16,15 +17,6 @@ import (
 	"github.com/tinymq/tinymq"
 )
 
-// hPayload is the payload of the handler tests. A *hPayload boxes into an
-// interface without allocating, so Publish of one allocates nothing.
-type hPayload struct{ N int }
-
-// hNilErr is an error type whose Error method panics on a nil receiver.
-type hNilErr struct{ msg string }
-
-func (e *hNilErr) Error() string { return e.msg }
-
 // hForm is one way of registering a typed consumer. The three forms must
 // behave alike, apart from what they allocate; attempt is 0 for the forms
 // that do not see it.
@@ -32,26 +24,26 @@ type hForm struct {
 	name     string
 	attempts bool
 	register func(m *tinymq.MQ, exchange string, kind tinymq.ExchangeType,
-		consume func(ctx context.Context, attempt int, v *hPayload) error, concurrency int, opts ...tinymq.QueueOption) error
+		consume func(ctx context.Context, attempt int, v *numbered) error, concurrency int, opts ...tinymq.QueueOption) error
 }
 
 func hForms() []hForm {
 	return []hForm{
 		{name: "RegisterQueue+Handler", register: func(m *tinymq.MQ, exchange string, kind tinymq.ExchangeType,
-			consume func(context.Context, int, *hPayload) error, concurrency int, opts ...tinymq.QueueOption) error {
-			return m.RegisterQueue(exchange, kind, tinymq.Handler(func(ctx context.Context, v *hPayload) error {
+			consume func(context.Context, int, *numbered) error, concurrency int, opts ...tinymq.QueueOption) error {
+			return m.RegisterQueue(exchange, kind, tinymq.Handler(func(ctx context.Context, v *numbered) error {
 				return consume(ctx, 0, v)
 			}), concurrency, opts...)
 		}},
 		{name: "RegisterHandler", register: func(m *tinymq.MQ, exchange string, kind tinymq.ExchangeType,
-			consume func(context.Context, int, *hPayload) error, concurrency int, opts ...tinymq.QueueOption) error {
-			return tinymq.RegisterHandler(m, exchange, kind, func(ctx context.Context, v *hPayload) error {
+			consume func(context.Context, int, *numbered) error, concurrency int, opts ...tinymq.QueueOption) error {
+			return tinymq.RegisterHandler(m, exchange, kind, func(ctx context.Context, v *numbered) error {
 				return consume(ctx, 0, v)
 			}, concurrency, opts...)
 		}},
 		{name: "RegisterDeliveryHandler", attempts: true, register: func(m *tinymq.MQ, exchange string, kind tinymq.ExchangeType,
-			consume func(context.Context, int, *hPayload) error, concurrency int, opts ...tinymq.QueueOption) error {
-			return tinymq.RegisterDeliveryHandler(m, exchange, kind, func(ctx context.Context, d tinymq.Delivery[*hPayload]) error {
+			consume func(context.Context, int, *numbered) error, concurrency int, opts ...tinymq.QueueOption) error {
+			return tinymq.RegisterDeliveryHandler(m, exchange, kind, func(ctx context.Context, d tinymq.Delivery[*numbered]) error {
 				return consume(ctx, d.Attempt, d.Data)
 			}, concurrency, opts...)
 		}},
@@ -103,7 +95,7 @@ func TestHandlerDeliversWithoutAllocating(t *testing.T) {
 	}
 	forms := []form{
 		{"RegisterHandler", true, func(m *tinymq.MQ, exchange string, kind tinymq.ExchangeType, sig chan<- struct{}, opts ...tinymq.QueueOption) error {
-			return tinymq.RegisterHandler(m, exchange, kind, func(_ context.Context, p *hPayload) error {
+			return tinymq.RegisterHandler(m, exchange, kind, func(_ context.Context, p *numbered) error {
 				if p == nil || p.N != 1 {
 					return errors.New("wrong payload") // no signal: the test times out
 				}
@@ -112,7 +104,7 @@ func TestHandlerDeliversWithoutAllocating(t *testing.T) {
 			}, 1, opts...)
 		}},
 		{"RegisterDeliveryHandler", true, func(m *tinymq.MQ, exchange string, kind tinymq.ExchangeType, sig chan<- struct{}, opts ...tinymq.QueueOption) error {
-			return tinymq.RegisterDeliveryHandler(m, exchange, kind, func(_ context.Context, d tinymq.Delivery[*hPayload]) error {
+			return tinymq.RegisterDeliveryHandler(m, exchange, kind, func(_ context.Context, d tinymq.Delivery[*numbered]) error {
 				if d.Data == nil || d.Data.N != 1 || d.Attempt != 1 || d.ID == 0 || d.Queue == "" {
 					return errors.New("wrong delivery")
 				}
@@ -155,7 +147,7 @@ func TestHandlerDeliversWithoutAllocating(t *testing.T) {
 				}
 				require.NoError(t, m.Start(context.Background()))
 				defer stopWithin(t, m)
-				got := hMallocsPerMessage(t, m, &hPayload{N: 1}, c.pub, sig, c.queues, rounds, batch)
+				got := hMallocsPerMessage(t, m, &numbered{N: 1}, c.pub, sig, c.queues, rounds, batch)
 				t.Logf("%.4f allocations per message", got)
 				if f.direct {
 					assert.Less(t, got, c.directMax, "a direct consumer allocates per delivery")
@@ -253,26 +245,26 @@ func TestDeliveryHandlerFields(t *testing.T) {
 				if r.alt {
 					require.NoError(t, m.DeclareExchange("main", tinymq.Direct, tinymq.WithAlternateExchange("alt")))
 				}
-				got := make(chan tinymq.Delivery[*hPayload], 2)
-				values := make(chan *hPayload, 2)
+				got := make(chan tinymq.Delivery[*numbered], 2)
+				values := make(chan *numbered, 2)
 				opts := slices.Concat(r.bind, p.queue, []tinymq.QueueOption{tinymq.WithQueueName("q")})
-				require.NoError(t, tinymq.RegisterDeliveryHandler(m, r.exchange, r.kind, func(_ context.Context, d tinymq.Delivery[*hPayload]) error {
+				require.NoError(t, tinymq.RegisterDeliveryHandler(m, r.exchange, r.kind, func(_ context.Context, d tinymq.Delivery[*numbered]) error {
 					got <- d
 					return nil
 				}, 1, opts...))
 				opts = slices.Concat(r.bind, p.queue, []tinymq.QueueOption{tinymq.WithQueueName("q2")})
-				require.NoError(t, tinymq.RegisterHandler(m, r.exchange, r.kind, func(_ context.Context, v *hPayload) error {
+				require.NoError(t, tinymq.RegisterHandler(m, r.exchange, r.kind, func(_ context.Context, v *numbered) error {
 					values <- v
 					return nil
 				}, 1, opts...))
 				require.NoError(t, m.Start(context.Background()))
-				sent := []*hPayload{{N: 1}, {N: 2}}
+				sent := []*numbered{{N: 1}, {N: 2}}
 				for _, v := range sent {
 					require.NoError(t, m.Publish(r.publish, v, slices.Concat(r.pub, p.pub)...))
 				}
 				stopWithin(t, m)
 				ds := recv(t, got, 2)
-				slices.SortFunc(ds, func(a, b tinymq.Delivery[*hPayload]) int { return int(a.ID) - int(b.ID) })
+				slices.SortFunc(ds, func(a, b tinymq.Delivery[*numbered]) int { return int(a.ID) - int(b.ID) })
 				for i, d := range ds {
 					assert.Equal(t, uint64(i+1), d.ID, "ID")
 					assert.Equal(t, r.publish, d.Exchange, "Exchange is the one published to")
@@ -300,7 +292,7 @@ type hScenario struct {
 	name        string
 	data        any
 	maxAttempts int // 0: no WithRetry
-	act         func(call int, v *hPayload) error
+	act         func(call int, v *numbered) error
 	calls       int // consumer calls
 	want        hCounts
 	death       string // in the death's LastError; "": not dead-lettered
@@ -309,60 +301,60 @@ type hScenario struct {
 }
 
 func hScenarios() []hScenario {
-	ok := func(int, *hPayload) error { return nil }
+	ok := func(int, *numbered) error { return nil }
 	transient := errors.New("transient")
-	failFirst := func(err error) func(int, *hPayload) error {
-		return func(call int, _ *hPayload) error {
+	failFirst := func(err error) func(int, *numbered) error {
+		return func(call int, _ *numbered) error {
 			if call == 1 {
 				return err
 			}
 			return nil
 		}
 	}
-	var typedNil *hNilErr
+	var typedNil *nilErr
 	good := tinymq.Encoded{Body: []byte(`{"N":42}`), Codec: tinymq.JSONCodec{}}
 	return []hScenario{
-		{name: "success", data: &hPayload{N: 1}, act: ok, calls: 1, want: hCounts{Delivered: 1, Succeeded: 1}},
-		{name: "error then success", data: &hPayload{N: 1}, maxAttempts: 3, calls: 3,
-			act: func(call int, _ *hPayload) error {
+		{name: "success", data: &numbered{N: 1}, act: ok, calls: 1, want: hCounts{Delivered: 1, Succeeded: 1}},
+		{name: "error then success", data: &numbered{N: 1}, maxAttempts: 3, calls: 3,
+			act: func(call int, _ *numbered) error {
 				if call < 3 {
 					return transient
 				}
 				return nil
 			},
 			want: hCounts{Delivered: 3, Succeeded: 1, Failed: 2, Retried: 2}},
-		{name: "errors until dead-lettered", data: &hPayload{N: 1}, maxAttempts: 3, calls: 3,
-			act:  func(int, *hPayload) error { return errors.New("boom") },
+		{name: "errors until dead-lettered", data: &numbered{N: 1}, maxAttempts: 3, calls: 3,
+			act:  func(int, *numbered) error { return errors.New("boom") },
 			want: hCounts{Delivered: 3, Failed: 3, Retried: 2, DeadLettered: 1}, death: "boom", attempts: 3},
-		{name: "permanent", data: &hPayload{N: 1}, maxAttempts: 3, calls: 1,
-			act:  func(int, *hPayload) error { return tinymq.Permanent(errors.New("bad input")) },
+		{name: "permanent", data: &numbered{N: 1}, maxAttempts: 3, calls: 1,
+			act:  func(int, *numbered) error { return tinymq.Permanent(errors.New("bad input")) },
 			want: hCounts{Delivered: 1, Failed: 1, DeadLettered: 1}, death: "bad input", attempts: 1},
-		{name: "panic then success", data: &hPayload{N: 1}, maxAttempts: 2, calls: 2, stack: true,
-			act: func(call int, _ *hPayload) error {
+		{name: "panic then success", data: &numbered{N: 1}, maxAttempts: 2, calls: 2, stack: true,
+			act: func(call int, _ *numbered) error {
 				if call == 1 {
 					panic("kaboom")
 				}
 				return nil
 			},
 			want: hCounts{Delivered: 2, Succeeded: 1, Failed: 1, Retried: 1}},
-		{name: "panic dead-lettered", data: &hPayload{N: 1}, calls: 1, stack: true,
-			act:  func(int, *hPayload) error { panic("kaboom") },
+		{name: "panic dead-lettered", data: &numbered{N: 1}, calls: 1, stack: true,
+			act:  func(int, *numbered) error { panic("kaboom") },
 			want: hCounts{Delivered: 1, Failed: 1, DeadLettered: 1}, death: "kaboom", attempts: 1},
-		{name: "typed nil then success", data: &hPayload{N: 1}, maxAttempts: 2, calls: 2, act: failFirst(typedNil),
+		{name: "typed nil then success", data: &numbered{N: 1}, maxAttempts: 2, calls: 2, act: failFirst(typedNil),
 			want: hCounts{Delivered: 2, Succeeded: 1, Failed: 1, Retried: 1}},
-		{name: "typed nil dead-lettered", data: &hPayload{N: 1}, calls: 1,
-			act:  func(int, *hPayload) error { return typedNil },
+		{name: "typed nil dead-lettered", data: &numbered{N: 1}, calls: 1,
+			act:  func(int, *numbered) error { return typedNil },
 			want: hCounts{Delivered: 1, Failed: 1, DeadLettered: 1}, death: tinymq.ErrTypedNil.Error(), attempts: 1},
-		{name: "goexit then success", data: &hPayload{N: 1}, maxAttempts: 2, calls: 2,
-			act: func(call int, _ *hPayload) error {
+		{name: "goexit then success", data: &numbered{N: 1}, maxAttempts: 2, calls: 2,
+			act: func(call int, _ *numbered) error {
 				if call == 1 {
 					runtime.Goexit()
 				}
 				return nil
 			},
 			want: hCounts{Delivered: 2, Succeeded: 1, Failed: 1, Retried: 1}},
-		{name: "goexit dead-lettered", data: &hPayload{N: 1}, calls: 1,
-			act:  func(int, *hPayload) error { runtime.Goexit(); return nil },
+		{name: "goexit dead-lettered", data: &numbered{N: 1}, calls: 1,
+			act:  func(int, *numbered) error { runtime.Goexit(); return nil },
 			want: hCounts{Delivered: 1, Failed: 1, DeadLettered: 1}, death: tinymq.ErrGoexit.Error(), attempts: 1},
 		{name: "wrong type", data: "not a payload", maxAttempts: 3, act: ok,
 			want: hCounts{Delivered: 1, Failed: 1, DeadLettered: 1}, death: "got string", attempts: 1},
@@ -397,7 +389,7 @@ func TestHandlerFailuresBehaveAsRegisterQueue(t *testing.T) {
 
 type hCall struct {
 	attempt int
-	v       *hPayload
+	v       *numbered
 }
 
 func runScenario(t *testing.T, f hForm, pathOpts []tinymq.QueueOption, sc hScenario) {
@@ -406,7 +398,7 @@ func runScenario(t *testing.T, f hForm, pathOpts []tinymq.QueueOption, sc hScena
 	dead := hDeadQueue(t, m, 4)
 	var mu sync.Mutex
 	var calls []hCall
-	consume := func(ctx context.Context, attempt int, v *hPayload) error {
+	consume := func(ctx context.Context, attempt int, v *numbered) error {
 		if ctx == nil || ctx.Err() != nil {
 			return errors.New("no live context")
 		}
@@ -433,7 +425,7 @@ func runScenario(t *testing.T, f hForm, pathOpts []tinymq.QueueOption, sc hScena
 			assert.Equal(t, i+1, c.attempt, "Attempt of call %d", i+1)
 		}
 		switch d := sc.data.(type) {
-		case *hPayload:
+		case *numbered:
 			assert.Same(t, d, c.v, "the published pointer")
 		case tinymq.Encoded:
 			require.NotNil(t, c.v)
@@ -483,7 +475,7 @@ func TestHandlerGoexitKeepsTheWorkerSlot(t *testing.T) {
 			const n = 20
 			m := tinymq.New()
 			done := make(chan int, n)
-			require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(_ context.Context, _ int, v *hPayload) error {
+			require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(_ context.Context, _ int, v *numbered) error {
 				if v.N < n {
 					runtime.Goexit()
 				}
@@ -492,7 +484,7 @@ func TestHandlerGoexitKeepsTheWorkerSlot(t *testing.T) {
 			}, 2, tinymq.WithQueueName("q")))
 			require.NoError(t, m.Start(context.Background()))
 			for i := range 2 * n {
-				require.NoError(t, m.Publish("ev", &hPayload{N: i}))
+				require.NoError(t, m.Publish("ev", &numbered{N: i}))
 			}
 			recv(t, done, n) // every worker slot survived the Goexits
 			stopWithin(t, m)
@@ -525,7 +517,7 @@ func TestHandlerStatsAreExactUnderConcurrency(t *testing.T) {
 			m := tinymq.New()
 			dead := hDeadQueue(t, m, n)
 			var failed sync.Map
-			require.NoError(t, f.register(m, "ev", tinymq.Topic, func(_ context.Context, attempt int, v *hPayload) error {
+			require.NoError(t, f.register(m, "ev", tinymq.Topic, func(_ context.Context, attempt int, v *numbered) error {
 				switch {
 				case v.N%5 == 0:
 					return tinymq.Permanent(errors.New("permanent"))
@@ -542,7 +534,7 @@ func TestHandlerStatsAreExactUnderConcurrency(t *testing.T) {
 				tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})))
 			require.NoError(t, m.Start(context.Background()))
 			for i := range n {
-				require.NoError(t, m.Publish("ev", &hPayload{N: i}, tinymq.WithRoutingKey("ev.x")))
+				require.NoError(t, m.Publish("ev", &numbered{N: i}, tinymq.WithRoutingKey("ev.x")))
 			}
 			stopWithin(t, m)
 			assert.Equal(t, want, hCountsOf(m.Stats().Queues["q"]))
@@ -552,7 +544,7 @@ func TestHandlerStatsAreExactUnderConcurrency(t *testing.T) {
 				require.Len(t, d.Deaths, 1)
 				assert.Equal(t, "permanent", d.Deaths[0].LastError)
 				assert.Equal(t, "ev.x", d.RoutingKey)
-				assert.Zero(t, d.Data.(*hPayload).N%5)
+				assert.Zero(t, d.Data.(*numbered).N%5)
 			}
 		})
 	}
@@ -564,7 +556,7 @@ func TestHandlerStopAndShutdown(t *testing.T) {
 			m := tinymq.New()
 			entered, release := make(chan struct{}), make(chan struct{})
 			var got atomic.Int64
-			require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(_ context.Context, _ int, v *hPayload) error {
+			require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(_ context.Context, _ int, v *numbered) error {
 				if v.N == 0 {
 					close(entered)
 					<-release
@@ -574,7 +566,7 @@ func TestHandlerStopAndShutdown(t *testing.T) {
 			}, 1, tinymq.WithQueueName("q")))
 			require.NoError(t, m.Start(context.Background()))
 			for i := range 5 {
-				require.NoError(t, m.Publish("ev", &hPayload{N: i}))
+				require.NoError(t, m.Publish("ev", &numbered{N: i}))
 			}
 			closedWithin(t, entered, "first delivery")
 			stopped := make(chan struct{})
@@ -591,13 +583,13 @@ func TestHandlerStopAndShutdown(t *testing.T) {
 			closedWithin(t, stopped, "Stop")
 			assert.Equal(t, int64(5), got.Load())
 			assert.Equal(t, hCounts{Delivered: 5, Succeeded: 5}, hCountsOf(m.Stats().Queues["q"]))
-			assert.ErrorIs(t, m.Publish("ev", &hPayload{}), tinymq.ErrStopped)
+			assert.ErrorIs(t, m.Publish("ev", &numbered{}), tinymq.ErrStopped)
 		})
 		t.Run(f.name+"/Shutdown deadline", func(t *testing.T) {
 			m := tinymq.New()
 			entered, returned := make(chan struct{}), make(chan struct{})
 			var sawCancel atomic.Bool
-			require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(ctx context.Context, _ int, v *hPayload) error {
+			require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(ctx context.Context, _ int, v *numbered) error {
 				if v.N != 0 {
 					return nil
 				}
@@ -612,7 +604,7 @@ func TestHandlerStopAndShutdown(t *testing.T) {
 			}, 1, tinymq.WithQueueName("q")))
 			require.NoError(t, m.Start(context.Background()))
 			for i := range 3 {
-				require.NoError(t, m.Publish("ev", &hPayload{N: i}))
+				require.NoError(t, m.Publish("ev", &numbered{N: i}))
 			}
 			closedWithin(t, entered, "first delivery")
 			ctx, cancel := context.WithCancel(context.Background())
@@ -630,7 +622,7 @@ func TestHandlerStopAndShutdown(t *testing.T) {
 
 func TestDeliveryCopiesOfASharedRecordAreIsolated(t *testing.T) {
 	h := map[string]any{"k": "v"}
-	p := &hPayload{N: 7}
+	p := &numbered{N: 7}
 	m := tinymq.New()
 	scribbled := make(chan struct{})
 	awaitScribble := func() error {
@@ -687,8 +679,8 @@ func TestDeliveryCopiesOfASharedRecordAreIsolated(t *testing.T) {
 		snaps <- hSnap(msg)
 		return nil
 	}, 1, tinymq.WithQueueName("plain"), tinymq.WithBindingKey("#")))
-	direct := make(chan tinymq.Delivery[*hPayload], 1)
-	require.NoError(t, tinymq.RegisterDeliveryHandler(m, "iso", tinymq.Topic, func(_ context.Context, d tinymq.Delivery[*hPayload]) error {
+	direct := make(chan tinymq.Delivery[*numbered], 1)
+	require.NoError(t, tinymq.RegisterDeliveryHandler(m, "iso", tinymq.Topic, func(_ context.Context, d tinymq.Delivery[*numbered]) error {
 		if err := awaitScribble(); err != nil {
 			return tinymq.Permanent(err)
 		}
@@ -713,9 +705,9 @@ func TestDeliveryCopiesOfASharedRecordAreIsolated(t *testing.T) {
 	assert.Equal(t, []tinymq.Delivery[any]{want("retrier", 1), want("retrier", 2)}, byQueue["retrier"],
 		"neither another queue's scribbles nor the kept Msg's show in the retry")
 	d := recv(t, direct, 1)[0]
-	assert.Equal(t, tinymq.Delivery[*hPayload]{ID: 1, Exchange: "iso", Queue: "direct", RoutingKey: "a.b.c", Headers: h, Data: p, Attempt: 1}, d)
+	assert.Equal(t, tinymq.Delivery[*numbered]{ID: 1, Exchange: "iso", Queue: "direct", RoutingKey: "a.b.c", Headers: h, Data: p, Attempt: 1}, d)
 	assert.Equal(t, map[string]any{"k": "v"}, h, "the headers map is untouched")
-	assert.Equal(t, hPayload{N: 7}, *p)
+	assert.Equal(t, numbered{N: 7}, *p)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, mine, 4)
@@ -739,13 +731,13 @@ func hSnap(msg *tinymq.Msg) tinymq.Delivery[any] {
 }
 
 func TestHandlerRegistrationErrors(t *testing.T) {
-	okFn := func(context.Context, *hPayload) error { return nil }
-	okDel := func(context.Context, tinymq.Delivery[*hPayload]) error { return nil }
+	okFn := func(context.Context, *numbered) error { return nil }
+	okDel := func(context.Context, tinymq.Delivery[*numbered]) error { return nil }
 
 	t.Run("nil fn", func(t *testing.T) {
 		m := tinymq.New()
-		assert.ErrorIs(t, tinymq.RegisterHandler[*hPayload](m, "ev", tinymq.Fanout, nil, 1), tinymq.ErrNilConsumer)
-		assert.ErrorIs(t, tinymq.RegisterDeliveryHandler[*hPayload](m, "ev", tinymq.Fanout, nil, 1), tinymq.ErrNilConsumer)
+		assert.ErrorIs(t, tinymq.RegisterHandler[*numbered](m, "ev", tinymq.Fanout, nil, 1), tinymq.ErrNilConsumer)
+		assert.ErrorIs(t, tinymq.RegisterDeliveryHandler[*numbered](m, "ev", tinymq.Fanout, nil, 1), tinymq.ErrNilConsumer)
 		assert.Empty(t, m.Topology().Queues, "a refused registration changes nothing")
 		assert.Empty(t, m.Topology().Exchanges)
 		m.Stop()
@@ -755,7 +747,7 @@ func TestHandlerRegistrationErrors(t *testing.T) {
 		assert.NotPanics(t, func() {
 			assert.Error(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, okFn, 1))
 			assert.Error(t, tinymq.RegisterDeliveryHandler(m, "ev", tinymq.Fanout, okDel, 1))
-			assert.Error(t, tinymq.RegisterHandler[*hPayload](m, "ev", tinymq.Fanout, nil, 1))
+			assert.Error(t, tinymq.RegisterHandler[*numbered](m, "ev", tinymq.Fanout, nil, 1))
 		})
 	})
 	t.Run("bad arguments", func(t *testing.T) {
@@ -778,12 +770,12 @@ func TestHandlerRegistrationErrors(t *testing.T) {
 	t.Run("zero MQ", func(t *testing.T) {
 		var m tinymq.MQ
 		got := make(chan int, 1)
-		require.NoError(t, tinymq.RegisterHandler(&m, "ev", tinymq.Fanout, func(_ context.Context, v *hPayload) error {
+		require.NoError(t, tinymq.RegisterHandler(&m, "ev", tinymq.Fanout, func(_ context.Context, v *numbered) error {
 			got <- v.N
 			return nil
 		}, 1))
 		require.NoError(t, m.Start(context.Background()))
-		require.NoError(t, m.Publish("ev", &hPayload{N: 4}))
+		require.NoError(t, m.Publish("ev", &numbered{N: 4}))
 		assert.Equal(t, 4, recv(t, got, 1)[0])
 		stopWithin(t, &m)
 	})
@@ -791,11 +783,11 @@ func TestHandlerRegistrationErrors(t *testing.T) {
 		m := tinymq.New()
 		require.NoError(t, m.Start(context.Background()))
 		got := make(chan int, 1)
-		require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, v *hPayload) error {
+		require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, v *numbered) error {
 			got <- v.N
 			return nil
 		}, 1))
-		require.NoError(t, m.Publish("ev", &hPayload{N: 3}))
+		require.NoError(t, m.Publish("ev", &numbered{N: 3}))
 		assert.Equal(t, 3, recv(t, got, 1)[0])
 		stopWithin(t, m)
 	})
@@ -803,9 +795,9 @@ func TestHandlerRegistrationErrors(t *testing.T) {
 
 func TestDeliveryHandlerOnADurableQueue(t *testing.T) {
 	m := tinymq.New(tinymq.WithDataDir(t.TempDir()))
-	got := make(chan tinymq.Delivery[hPayload], 2)
-	values := make(chan hPayload, 1)
-	require.NoError(t, tinymq.RegisterDeliveryHandler(m, "ev", tinymq.Fanout, func(_ context.Context, d tinymq.Delivery[hPayload]) error {
+	got := make(chan tinymq.Delivery[numbered], 2)
+	values := make(chan numbered, 1)
+	require.NoError(t, tinymq.RegisterDeliveryHandler(m, "ev", tinymq.Fanout, func(_ context.Context, d tinymq.Delivery[numbered]) error {
 		got <- d
 		if d.Attempt == 1 {
 			return errors.New("once")
@@ -813,18 +805,18 @@ func TestDeliveryHandlerOnADurableQueue(t *testing.T) {
 		return nil
 	}, 1, tinymq.WithQueueName("dq"), tinymq.WithDurable(),
 		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})))
-	require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, v hPayload) error {
+	require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, v numbered) error {
 		values <- v
 		return nil
 	}, 1, tinymq.WithQueueName("dq2"), tinymq.WithDurable()))
 	require.NoError(t, m.Start(context.Background()))
-	require.NoError(t, m.Publish("ev", hPayload{N: 3}, tinymq.WithRoutingKey("rk")))
+	require.NoError(t, m.Publish("ev", numbered{N: 3}, tinymq.WithRoutingKey("rk")))
 	stopWithin(t, m)
 	ds := recv(t, got, 2)
 	for i, d := range ds {
-		assert.Equal(t, tinymq.Delivery[hPayload]{ID: 1, Exchange: "ev", Queue: "dq", RoutingKey: "rk", Data: hPayload{N: 3}, Attempt: i + 1}, d)
+		assert.Equal(t, tinymq.Delivery[numbered]{ID: 1, Exchange: "ev", Queue: "dq", RoutingKey: "rk", Data: numbered{N: 3}, Attempt: i + 1}, d)
 	}
-	assert.Equal(t, hPayload{N: 3}, recv(t, values, 1)[0], "the Encoded data is decoded")
+	assert.Equal(t, numbered{N: 3}, recv(t, values, 1)[0], "the Encoded data is decoded")
 	st := m.Stats()
 	assert.Equal(t, hCounts{Delivered: 2, Succeeded: 1, Failed: 1, Retried: 1}, hCountsOf(st.Queues["dq"]))
 	assert.Equal(t, hCounts{Delivered: 1, Succeeded: 1}, hCountsOf(st.Queues["dq2"]))
@@ -854,13 +846,13 @@ func (e *hEngine) DeclareQueue(s tinymq.QueueSpec) error {
 func TestHandlerOnAnEngineIsAConsumerFunc(t *testing.T) {
 	e := &hEngine{specs: map[string]tinymq.QueueSpec{}}
 	m := tinymq.New(tinymq.WithEngine(e))
-	values := make(chan *hPayload, 2)
-	deliveries := make(chan tinymq.Delivery[*hPayload], 2)
-	require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, v *hPayload) error {
+	values := make(chan *numbered, 2)
+	deliveries := make(chan tinymq.Delivery[*numbered], 2)
+	require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, v *numbered) error {
 		values <- v
 		return nil
 	}, 1, tinymq.WithQueueName("h")))
-	require.NoError(t, tinymq.RegisterDeliveryHandler(m, "ev", tinymq.Fanout, func(_ context.Context, d tinymq.Delivery[*hPayload]) error {
+	require.NoError(t, tinymq.RegisterDeliveryHandler(m, "ev", tinymq.Fanout, func(_ context.Context, d tinymq.Delivery[*numbered]) error {
 		deliveries <- d
 		if d.Attempt > 2 {
 			return errors.New("too late")
@@ -885,8 +877,8 @@ func TestHandlerOnAnEngineIsAConsumerFunc(t *testing.T) {
 	enc := tinymq.Encoded{Body: []byte(`{"N":5}`), Codec: tinymq.JSONCodec{}}
 
 	require.NoError(t, h.Consumer(ctx, msg(enc, 1)))
-	assert.Equal(t, &hPayload{N: 5}, recv(t, values, 1)[0], "an Encoded is decoded")
-	p := &hPayload{N: 6}
+	assert.Equal(t, &numbered{N: 5}, recv(t, values, 1)[0], "an Encoded is decoded")
+	p := &numbered{N: 6}
 	require.NoError(t, h.Consumer(ctx, msg(p, 1)))
 	assert.Same(t, p, recv(t, values, 1)[0])
 	err := h.Consumer(ctx, msg("wrong", 1))
@@ -894,12 +886,369 @@ func TestHandlerOnAnEngineIsAConsumerFunc(t *testing.T) {
 	assert.ErrorIs(t, err, tinymq.ErrPermanent)
 
 	require.NoError(t, d.Consumer(ctx, msg(enc, 2)))
-	assert.Equal(t, tinymq.Delivery[*hPayload]{ID: 7, Exchange: "ev", Queue: "d", RoutingKey: "rk", Headers: hdr,
-		Data: &hPayload{N: 5}, Attempt: 2, Deaths: deaths, Redelivered: true}, recv(t, deliveries, 1)[0])
+	assert.Equal(t, tinymq.Delivery[*numbered]{ID: 7, Exchange: "ev", Queue: "d", RoutingKey: "rk", Headers: hdr,
+		Data: &numbered{N: 5}, Attempt: 2, Deaths: deaths, Redelivered: true}, recv(t, deliveries, 1)[0])
 	assert.EqualError(t, d.Consumer(ctx, msg(p, 3)), "too late", "the consumer's error is returned")
 	recv(t, deliveries, 1)
 	err = d.Consumer(ctx, msg(nil, 1))
 	assert.ErrorIs(t, err, tinymq.ErrPayloadType)
 	assert.ErrorIs(t, err, tinymq.ErrPermanent)
 	assert.Empty(t, deliveries)
+}
+
+// Every failure mode (error, panic, typed nil, Goexit, Permanent) is retried,
+// dead-lettered and counted alike by every consumer form, and never costs a
+// worker: afterwards the queue's 2 workers still run side by side.
+func TestEveryConsumerFormRetriesDeadLettersAndCountsFailuresAlike(t *testing.T) {
+	modes := []struct {
+		name     string
+		attempts int
+		mark     string
+	}{
+		{"error", 3, "rv-boom"},
+		{"panic", 3, "rv-panic"},
+		{"typednil", 3, "typed nil"},
+		{"goexit", 3, "Goexit"},
+		{"permanent", 1, "rv-perm"},
+	}
+	for _, f := range consumerForms() {
+		for _, mode := range modes {
+			t.Run(f.name+"/"+mode.name, func(t *testing.T) {
+				m := tinymq.New()
+				dead := hDeadQueue(t, m, 100)
+				bar := newBarrier(2)
+				fn := func(ctx context.Context, c formCall) error {
+					if c.N >= 1000 {
+						return bar.arrive(ctx)
+					}
+					switch mode.name {
+					case "error":
+						return errors.New("rv-boom")
+					case "panic":
+						panic("rv-panic")
+					case "typednil":
+						var e *nilErr
+						return e
+					case "goexit":
+						runtime.Goexit()
+					case "permanent":
+						return tinymq.Permanent(errors.New("rv-perm"))
+					}
+					return nil
+				}
+				require.NoError(t, f.register(m, "ev", tinymq.Fanout, fn, 2, tinymq.WithQueueName("q"),
+					tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond}),
+					tinymq.WithDeadLetter("dlx", "")))
+				require.NoError(t, m.Start(context.Background()))
+				defer stopWithin(t, m)
+				for i := range 10 {
+					require.NoError(t, m.Publish("ev", &numbered{N: i}))
+				}
+				for _, d := range recv(t, dead, 10) {
+					if assert.Len(t, d.Deaths, 1) {
+						assert.Equal(t, tinymq.ReasonRejected, d.Deaths[0].Reason)
+						assert.Equal(t, "q", d.Deaths[0].Queue)
+						assert.Equal(t, mode.attempts, d.Deaths[0].Attempts)
+						assert.Contains(t, d.Deaths[0].LastError, mode.mark)
+					}
+				}
+				require.NoError(t, m.Publish("ev", &numbered{N: 1000}))
+				require.NoError(t, m.Publish("ev", &numbered{N: 1001}))
+				expectBarrier(t, bar, m, "q")
+				stopWithin(t, m)
+				s := m.Stats().Queues["q"]
+				a := uint64(mode.attempts)
+				assert.Equal(t, hCounts{Delivered: 10*a + 2, Succeeded: 2, Failed: 10 * a, Retried: 10 * (a - 1), DeadLettered: 10},
+					hCountsOf(s))
+				assert.Equal(t, uint64(12), s.Accepted)
+				assertLedger(t, "q", s)
+			})
+		}
+	}
+}
+
+// The payload rules are Handler's for every typed form: nil or foreign Data
+// fails permanently with ErrPayloadType; a typed nil *T is a T.
+func TestTypedFormsFollowHandlersPayloadRules(t *testing.T) {
+	cases := []struct {
+		name string
+		data any
+		ok   bool
+	}{
+		{"nil data", nil, false},
+		{"string data", "str", false},
+		{"value instead of pointer", numbered{N: 1}, false},
+		{"typed nil pointer", (*numbered)(nil), true},
+	}
+	for _, f := range consumerForms()[1:] { // the three typed forms
+		for _, c := range cases {
+			t.Run(f.name+"/"+c.name, func(t *testing.T) {
+				m := tinymq.New()
+				dead := hDeadQueue(t, m, 10)
+				got := make(chan int, 10)
+				require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(_ context.Context, rc formCall) error {
+					got <- rc.N
+					return nil
+				}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""),
+					tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})))
+				require.NoError(t, m.Start(context.Background()))
+				defer stopWithin(t, m)
+				require.NoError(t, m.Publish("ev", c.data))
+				if c.ok {
+					assert.Equal(t, []int{-1}, recv(t, got, 1))
+				} else {
+					d := recv(t, dead, 1)[0]
+					if assert.Len(t, d.Deaths, 1) {
+						assert.Equal(t, 1, d.Deaths[0].Attempts, "permanent: no retries")
+						assert.Contains(t, d.Deaths[0].LastError, "payload")
+					}
+				}
+				stopWithin(t, m)
+				s := m.Stats().Queues["q"]
+				if c.ok {
+					assert.Equal(t, hCounts{Delivered: 1, Succeeded: 1}, hCountsOf(s))
+				} else {
+					assert.Equal(t, hCounts{Delivered: 1, Failed: 1, DeadLettered: 1}, hCountsOf(s), "as Handler counts it")
+				}
+				assertLedger(t, "q", s)
+			})
+		}
+	}
+	t.Run("interface T gets nil Data as zero T", func(t *testing.T) {
+		m := tinymq.New()
+		got := make(chan fmt.Stringer, 2)
+		gotErr := make(chan error, 2)
+		require.NoError(t, tinymq.RegisterDeliveryHandler(m, "s", tinymq.Fanout, func(_ context.Context, d tinymq.Delivery[fmt.Stringer]) error {
+			got <- d.Data
+			return nil
+		}, 1, tinymq.WithQueueName("s")))
+		require.NoError(t, tinymq.RegisterHandler(m, "e", tinymq.Fanout, func(_ context.Context, e error) error {
+			gotErr <- e
+			return nil
+		}, 1, tinymq.WithQueueName("e")))
+		require.NoError(t, m.Start(context.Background()))
+		defer stopWithin(t, m)
+		require.NoError(t, m.Publish("s", nil))
+		require.NoError(t, m.Publish("e", nil))
+		assert.Nil(t, recv(t, got, 1)[0])
+		assert.Nil(t, recv(t, gotErr, 1)[0])
+		require.NoError(t, m.Publish("s", time.Second)) // a time.Duration is a Stringer
+		assert.Equal(t, "1s", recv(t, got, 1)[0].String())
+		require.NoError(t, m.Publish("s", 5)) // an int is not
+		stopWithin(t, m)
+		s := m.Stats().Queues["s"]
+		assert.Equal(t, hCounts{Delivered: 3, Succeeded: 2, Failed: 1, Dropped: 1}, hCountsOf(s))
+		assertLedger(t, "s", s)
+	})
+}
+
+// bigPayload is a payload larger than an interface word.
+type bigPayload struct{ A [16]int64 }
+
+func typedAllocCase[T any](t *testing.T, name string, v T, check func(T) bool) {
+	for _, conc := range []int{1, 4} {
+		for _, queues := range []int{1, 3} {
+			for _, delivery := range []bool{false, true} {
+				form := "RegisterHandler"
+				if delivery {
+					form = "RegisterDeliveryHandler"
+				}
+				for _, headers := range []bool{false, true} {
+					label := fmt.Sprintf("%s/%s/conc%d/queues%d/headers=%v", name, form, conc, queues, headers)
+					t.Run(label, func(t *testing.T) {
+						m := tinymq.New()
+						sig := make(chan struct{}, 100*queues)
+						var bad atomic.Int64
+						for range queues {
+							var err error
+							if delivery {
+								err = tinymq.RegisterDeliveryHandler(m, "ev", tinymq.Fanout, func(_ context.Context, d tinymq.Delivery[T]) error {
+									if !check(d.Data) || d.Attempt != 1 {
+										bad.Add(1)
+									}
+									sig <- struct{}{}
+									return nil
+								}, conc)
+							} else {
+								err = tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, got T) error {
+									if !check(got) {
+										bad.Add(1)
+									}
+									sig <- struct{}{}
+									return nil
+								}, conc)
+							}
+							require.NoError(t, err)
+						}
+						require.NoError(t, m.Start(context.Background()))
+						defer stopWithin(t, m)
+						var opts []tinymq.PublishOption
+						limit := 0.05
+						if headers {
+							// A message with headers may need one record per
+							// publish (README: made by Publish for any other).
+							opts = []tinymq.PublishOption{tinymq.WithHeaders(map[string]any{"h": "v"})}
+							limit = 1.05
+						}
+						var boxed any = v
+						got := hMallocsPerMessage(t, m, boxed, opts, sig, queues, 50, 100)
+						t.Logf("%.3f allocations per published message", got)
+						assert.LessOrEqual(t, got, limit, "a typed delivery of Data already a T allocates nothing")
+						assert.Zero(t, bad.Load(), "wrong payload delivered")
+					})
+				}
+			}
+		}
+	}
+}
+
+// "neither allocates anything to deliver a message whose Data is already of
+// that type": value types, big structs, strings, slices; several workers;
+// several queues.
+func TestTypedFormsAllocateNothingPerDelivery(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	typedAllocCase(t, "string", "hello", func(s string) bool { return s == "hello" })
+	typedAllocCase(t, "int", 77, func(n int) bool { return n == 77 })
+	typedAllocCase(t, "bigstruct", bigPayload{A: [16]int64{15: 9}}, func(b bigPayload) bool { return b.A[15] == 9 })
+	typedAllocCase(t, "slice", []byte("abc"), func(b []byte) bool { return len(b) == 3 })
+	typedAllocCase(t, "pointer", &numbered{N: 3}, func(p *numbered) bool { return p.N == 3 })
+}
+
+// Stop and Shutdown called from inside a typed consumer begin the stop and
+// return at once.
+func TestStopAndShutdownFromATypedConsumerReturnAtOnce(t *testing.T) {
+	for _, f := range consumerForms() {
+		t.Run(f.name, func(t *testing.T) {
+			m := tinymq.New()
+			res := make(chan error, 2)
+			require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(_ context.Context, c formCall) error {
+				if c.N == 0 {
+					res <- m.Shutdown(context.Background())
+					m.Stop()
+					res <- nil
+				}
+				return nil
+			}, 2, tinymq.WithQueueName("q")))
+			for i := range 5 { // before Start: the stop begins with the first
+				require.NoError(t, m.Publish("ev", &numbered{N: i}))
+			}
+			require.NoError(t, m.Start(context.Background()))
+			got := recv(t, res, 2)
+			assert.ErrorIs(t, got[0], tinymq.ErrCalledFromConsumer)
+			stopWithin(t, m)
+			assert.ErrorIs(t, m.Publish("ev", &numbered{N: 9}), tinymq.ErrStopped)
+			s := m.Stats().Queues["q"]
+			assert.Equal(t, uint64(5), s.Succeeded)
+			assertLedger(t, "q", s)
+		})
+	}
+}
+
+// Retries waiting on their backoff: Stop waits for them; a Shutdown deadline
+// drops them and counts them Undelivered.
+func TestTypedFormsRetriesWaitingAtStopOrShutdown(t *testing.T) {
+	for _, f := range consumerForms() {
+		for _, how := range []string{"stop", "shutdown"} {
+			t.Run(f.name+"/"+how, func(t *testing.T) {
+				m := tinymq.New()
+				var calls callCounts
+				failed := make(chan struct{}, 10)
+				backoff := 100 * time.Millisecond
+				if how == "shutdown" {
+					backoff = time.Hour
+				}
+				require.NoError(t, f.register(m, "ev", tinymq.Fanout, func(_ context.Context, c formCall) error {
+					if calls.inc(c.N) == 1 {
+						failed <- struct{}{}
+						return errors.New("first")
+					}
+					return nil
+				}, 2, tinymq.WithQueueName("q"), tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: backoff})))
+				require.NoError(t, m.Start(context.Background()))
+				for n := range 10 {
+					require.NoError(t, m.Publish("ev", &numbered{N: n}))
+				}
+				recv(t, failed, 10)
+				if how == "stop" {
+					stopWithin(t, m)
+					assert.Equal(t, hCounts{Delivered: 20, Succeeded: 10, Failed: 10, Retried: 10}, hCountsOf(m.Stats().Queues["q"]))
+				} else {
+					require.Eventually(t, func() bool { return m.Stats().Queues["q"].Scheduled == 10 }, wait, time.Millisecond)
+					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+					err := m.Shutdown(ctx)
+					cancel()
+					require.ErrorIs(t, err, tinymq.ErrUndelivered)
+					stopWithin(t, m)
+					assert.Equal(t, hCounts{Delivered: 10, Failed: 10, Retried: 10, Undelivered: 10}, hCountsOf(m.Stats().Queues["q"]))
+				}
+				assertLedger(t, "q", m.Stats().Queues["q"])
+			})
+		}
+	}
+}
+
+// On a durable queue Data is an Encoded: a typed consumer of Encoded itself
+// has "Data already of that type" and must get the codec's bytes, not an
+// Encoded decoded from them; a consumer of any gets something that holds
+// the payload.
+func TestTypedFormsOnADurableQueueGetEncodedData(t *testing.T) {
+	m := tinymq.New(tinymq.WithDataDir(t.TempDir()))
+	enc := make(chan tinymq.Encoded, 1)
+	anyc := make(chan any, 1)
+	require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, e tinymq.Encoded) error {
+		enc <- e
+		return nil
+	}, 1, tinymq.WithQueueName("enc"), tinymq.WithDurable()))
+	require.NoError(t, tinymq.RegisterDeliveryHandler(m, "ev", tinymq.Fanout, func(_ context.Context, d tinymq.Delivery[any]) error {
+		anyc <- d.Data
+		return nil
+	}, 1, tinymq.WithQueueName("any"), tinymq.WithDurable()))
+	require.NoError(t, m.Start(context.Background()))
+	defer stopWithin(t, m)
+	require.NoError(t, m.Publish("ev", &numbered{N: 5}))
+	e := recv(t, enc, 1)[0]
+	assert.JSONEq(t, `{"N":5}`, string(e.Body))
+	var p numbered
+	if assert.NoError(t, e.Decode(&p)) {
+		assert.Equal(t, 5, p.N)
+	}
+	a := recv(t, anyc, 1)[0]
+	t.Logf("Delivery[any] on a durable queue got %T %v", a, a)
+	n, ok := numberOf(a)
+	if !ok {
+		if mp, isMap := a.(map[string]any); isMap {
+			n, ok = int(mp["N"].(float64)), true
+		}
+	}
+	assert.True(t, ok && n == 5, "the payload is reachable")
+}
+
+func TestHandlerIsTyped(t *testing.T) {
+	got := make(chan UserCreated, 1)
+	m := tinymq.New()
+	dead := deadLetters(t, m)
+	require.NoError(t, m.RegisterQueue("users", tinymq.Fanout, tinymq.Handler(func(_ context.Context, u UserCreated) error {
+		got <- u
+		return nil
+	}), 1, tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 5, InitialBackoff: time.Millisecond}), tinymq.WithDeadLetter("dlx", "")))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("users", UserCreated{ID: 7, Email: "a@b.c"}))
+	require.NoError(t, m.Publish("users", "not a user"))
+	m.Stop()
+	require.Len(t, got, 1)
+	require.Len(t, dead, 1)
+	assert.Equal(t, UserCreated{ID: 7, Email: "a@b.c"}, <-got)
+	d := <-dead
+	assert.Equal(t, "not a user", d.Data)
+	assert.Equal(t, 1, d.Deaths[0].Attempts, "a payload of the wrong type is not retried")
+	assert.Contains(t, d.Deaths[0].LastError, "got string, want tinymq_test.UserCreated")
+
+	var nilFn func(context.Context, int) error
+	assert.ErrorIs(t, tinymq.New().RegisterQueue("x", tinymq.Fanout, tinymq.Handler(nilFn), 1), tinymq.ErrNilConsumer)
+
+	err := tinymq.Handler(func(context.Context, int) error { return nil })(context.Background(), &tinymq.Msg{Data: "x"})
+	assert.ErrorIs(t, err, tinymq.ErrPayloadType)
+	assert.ErrorIs(t, err, tinymq.ErrPermanent)
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -605,4 +606,259 @@ func TestMaxMessageSize(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) { require.ErrorIs(t, m.Publish("ev", tt.data), tt.want) })
 	}
 	require.Equal(t, 3, m.Stats().Queues["q"].Depth, "the queue holds only the messages accepted")
+}
+
+func TestPublishRacingStopOrShutdownEndsEveryAcceptedMessageOnce(t *testing.T) {
+	for _, how := range []string{"stop", "shutdown", "cancel start ctx", "durable stop", "mixed durable stop"} {
+		t.Run(how, func(t *testing.T) {
+			var mopts []tinymq.Option
+			dir := t.TempDir()
+			var dq, dq2 []tinymq.QueueOption
+			if how == "durable stop" || how == "mixed durable stop" {
+				mopts = append(mopts, tinymq.WithDataDir(dir), tinymq.WithSync(time.Millisecond))
+				dq = []tinymq.QueueOption{tinymq.WithDurable()}
+				if how == "durable stop" {
+					dq2 = dq
+				}
+			}
+			m := tinymq.New(mopts...)
+			var okMu sync.Mutex
+			okSeen := map[string]map[int]int{"q1": {}, "q2": {}}
+			note := func(q string, n int) {
+				okMu.Lock()
+				okSeen[q][n]++
+				okMu.Unlock()
+			}
+			var deadGot atomic.Int64
+			require.NoError(t, tinymq.RegisterDeliveryHandler(m, "dlx", tinymq.Fanout, func(context.Context, tinymq.Delivery[any]) error {
+				deadGot.Add(1)
+				return nil
+			}, 1, tinymq.WithQueueName("dead")))
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+				n, _ := numberOf(msg.Data)
+				if n%4 == 0 {
+					return errors.New("fails")
+				}
+				if n%9 == 0 {
+					select { // some work
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(time.Millisecond):
+					}
+				}
+				note("q1", n)
+				return nil
+			}, 3, append([]tinymq.QueueOption{tinymq.WithQueueName("q1"), tinymq.WithDeadLetter("dlx", ""),
+				tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})}, dq...)...))
+			require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, p *numbered) error {
+				note("q2", p.N)
+				return nil
+			}, 1, append([]tinymq.QueueOption{tinymq.WithQueueName("q2")}, dq2...)...))
+			startCtx, cancelStart := context.WithCancel(context.Background())
+			defer cancelStart()
+			require.NoError(t, m.Start(startCtx))
+
+			const pubs = 8
+			var accepted sync.Map
+			var okCount atomic.Int64
+			var wg sync.WaitGroup
+			started := make(chan struct{}, pubs)
+			var badErr atomic.Value
+			for p := range pubs {
+				wg.Go(func() {
+					for i := 0; ; i++ {
+						n := p*1000000 + i
+						err := m.Publish("ev", &numbered{N: n})
+						if i == 50 {
+							started <- struct{}{}
+						}
+						if err != nil {
+							if !errors.Is(err, tinymq.ErrStopped) {
+								badErr.Store(err)
+							}
+							return
+						}
+						accepted.Store(n, true)
+						okCount.Add(1)
+						if i > 200000 {
+							return
+						}
+					}
+				})
+			}
+			recv(t, started, pubs)
+			switch how {
+			case "stop", "durable stop", "mixed durable stop":
+				stopWithin(t, m)
+			case "shutdown":
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+				err := m.Shutdown(ctx)
+				cancel()
+				if err != nil {
+					require.ErrorIs(t, err, tinymq.ErrUndelivered)
+				}
+				stopWithin(t, m)
+			case "cancel start ctx":
+				cancelStart()
+				stopWithin(t, m)
+			}
+			wg.Wait()
+			assert.Nil(t, badErr.Load(), "Publish failed with something other than ErrStopped")
+			st := m.Stats()
+			ok := uint64(okCount.Load())
+			t.Logf("%d publishes accepted; q1 %+v", ok, hCountsOf(st.Queues["q1"]))
+			assert.Equal(t, ok, st.Exchanges["ev"].Published)
+			for _, q := range []string{"q1", "q2"} {
+				s := st.Queues[q]
+				assert.Equal(t, ok, s.Accepted, "%s: all or nothing", q)
+				assertLedger(t, q, s)
+				okMu.Lock()
+				assert.Equal(t, int(s.Succeeded), len(okSeen[q]), "%s: Succeeded vs consumer", q)
+				for n, c := range okSeen[q] {
+					if _, in := accepted.Load(n); !in {
+						t.Errorf("%s: message %d consumed but its Publish failed", q, n)
+					}
+					if c != 1 {
+						t.Errorf("%s: message %d succeeded %d times", q, n, c)
+					}
+				}
+				okMu.Unlock()
+			}
+			s1 := st.Queues["q1"]
+			assert.Equal(t, s1.DeadLettered, st.Queues["dead"].Accepted)
+			assertLedger(t, "dead", st.Queues["dead"])
+			if how != "shutdown" {
+				assert.Zero(t, s1.Undelivered, "Stop delivers everything accepted")
+				assert.Zero(t, st.Queues["q2"].Undelivered)
+			}
+			// A dead letter accepted by the dead queue reaches its consumer,
+			// unless a Shutdown deadline dropped it there.
+			assert.Equal(t, int64(s1.DeadLettered), deadGot.Load()+int64(st.Queues["dead"].Undelivered))
+			if dq == nil {
+				return
+			}
+			// Nothing is owed after a clean Stop: a restart redelivers nothing.
+			m = tinymq.New(tinymq.WithDataDir(dir))
+			got := make(chan *tinymq.Msg, 10)
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("q1"), tinymq.WithDurable()))
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, append([]tinymq.QueueOption{tinymq.WithQueueName("q2")}, dq2...)...))
+			require.NoError(t, m.Start(context.Background()))
+			st = m.Stats()
+			assert.Zero(t, st.Queues["q1"].Depth)
+			assert.Zero(t, st.Queues["q2"].Depth)
+			stopWithin(t, m)
+		})
+	}
+}
+
+// A queue registered while publishers run receives every message published
+// after RegisterQueue (or RegisterHandler...) returned.
+func TestQueueRegisteredWhilePublishingGetsEveryLaterMessage(t *testing.T) {
+	for _, f := range consumerForms() {
+		for _, keyed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/keyed=%v", f.name, keyed), func(t *testing.T) {
+				m := tinymq.New()
+				kind := tinymq.Fanout
+				var bind []tinymq.QueueOption
+				var pub []tinymq.PublishOption
+				if keyed {
+					kind = tinymq.Direct
+					bind = []tinymq.QueueOption{tinymq.WithBindingKey("k")}
+					pub = []tinymq.PublishOption{tinymq.WithRoutingKey("k")}
+				}
+				require.NoError(t, m.RegisterQueue("ev", kind, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+					append([]tinymq.QueueOption{tinymq.WithQueueName("old")}, bind...)...))
+				require.NoError(t, m.Start(context.Background()))
+				defer stopWithin(t, m)
+				var registered atomic.Bool
+				var mu sync.Mutex
+				must := map[int]bool{}
+				got := map[int]bool{}
+				progress := make(chan struct{}, 1)
+				var wg sync.WaitGroup
+				for p := range 2 {
+					wg.Go(func() {
+						after := 0
+						for i := 0; after < 1000; i++ {
+							n := p*1000000 + i
+							was := registered.Load()
+							if err := m.Publish("ev", &numbered{N: n}, pub...); err != nil {
+								t.Errorf("Publish: %v", err)
+								return
+							}
+							if was {
+								mu.Lock()
+								must[n] = true
+								mu.Unlock()
+								after++
+							}
+							if i == 100 {
+								select {
+								case progress <- struct{}{}:
+								default:
+								}
+							}
+						}
+					})
+				}
+				recv(t, progress, 1)
+				require.NoError(t, f.register(m, "ev", kind, func(_ context.Context, c formCall) error {
+					mu.Lock()
+					got[c.N] = true
+					mu.Unlock()
+					return nil
+				}, 2, append([]tinymq.QueueOption{tinymq.WithQueueName("new")}, bind...)...))
+				registered.Store(true)
+				wg.Wait()
+				stopWithin(t, m)
+				missing := 0
+				for n := range must {
+					if !got[n] {
+						missing++
+					}
+				}
+				assert.Zero(t, missing, "messages published after RegisterQueue returned that the new queue never got (of %d)", len(must))
+				s := m.Stats().Queues["new"]
+				assert.Equal(t, uint64(len(got)), s.Succeeded)
+				assertLedger(t, "new", s)
+			})
+		}
+	}
+}
+
+// After a Shutdown deadline, delayed and retrying messages are counted
+// undelivered once, and leave Depth and Scheduled.
+func TestShutdownDeadlineClearsScheduledMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour})))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", "retrying"))
+		require.NoError(t, m.Publish("ev", "delayed", tinymq.WithDelay(time.Hour)))
+		synctest.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
+		m.Stop()
+		st := m.Stats().Queues["q"]
+		assert.Zero(t, st.Depth)
+		assert.Zero(t, st.Scheduled)
+		assert.Equal(t, uint64(2), st.Undelivered)
+		assert.Equal(t, st.Accepted, st.Succeeded+st.DeadLettered+st.Dropped+st.Undelivered)
+	})
+}
+
+// Shutdown with a context that has already ended, on an MQ with nothing to
+// do, reports nothing undelivered: every time, not only when a race goes its
+// way.
+func TestShutdownOfAnIdleMQWithAnEndedContextIsClean(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 200 {
+		m := tinymq.New()
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Shutdown(ctx), "run %d", i)
+	}
 }

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -128,3 +131,69 @@ var (
 	errNoSpace = syscall.ENOSPC
 	errIO      = syscall.EIO
 )
+
+const settleWait = 10 * time.Second
+
+// closedWithin fails the test unless ch is closed within the bound.
+func closedWithin(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(settleWait):
+		t.Fatalf("%s did not happen in time", what)
+	}
+}
+
+func putBatch(kv ...string) *Batch {
+	var b Batch
+	for i := 0; i+1 < len(kv); i += 2 {
+		b.Put([]byte(kv[i]), []byte(kv[i+1]))
+	}
+	return &b
+}
+
+// syncedSizes records, per file, the size that the last successful fdatasync
+// made durable.
+type syncedSizes struct {
+	mu   sync.Mutex
+	size map[string]int64
+}
+
+func (s *syncedSizes) faults() *Faults {
+	s.size = map[string]int64{}
+	return &Faults{Synced: func(name string, size int64) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.size[filepath.Base(name)] = size
+	}}
+}
+
+// powerLoss copies dir to a new directory as a power loss would leave it:
+// each segment cut to what its last fdatasync covered (a segment never synced
+// after its header keeps its header only).
+func (s *syncedSizes) powerLoss(t *testing.T, dir string) string {
+	t.Helper()
+	s.mu.Lock()
+	sizes := make(map[string]int64, len(s.size))
+	for k, v := range s.size {
+		sizes[k] = v
+	}
+	s.mu.Unlock()
+	out := t.TempDir()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range ents {
+		if _, ok := parseSegName(e.Name()); !ok {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		require.NoError(t, err)
+		n, ok := sizes[e.Name()]
+		if !ok {
+			n = headerLen
+		}
+		data = data[:min(int64(len(data)), n)]
+		require.NoError(t, os.WriteFile(filepath.Join(out, e.Name()), data, 0o644))
+	}
+	return out
+}

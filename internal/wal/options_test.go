@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -72,4 +73,11 @@ func TestLogReportsCutsAndFailure(t *testing.T) {
 	assert.Equal(t, slog.LevelError, lines[1].level)
 	assert.Contains(t, lines[1].attrs["err"].String(), errIO.Error())
 	assert.Equal(t, dir, lines[1].attrs["dir"].String())
+}
+
+func TestInvalidOptions(t *testing.T) {
+	for _, o := range []Options{{SegmentSize: -1}, {Sync: SyncInterval(-time.Second)}} {
+		_, err := Open(t.TempDir(), o)
+		assert.ErrorIs(t, err, ErrInvalidOptions)
+	}
 }

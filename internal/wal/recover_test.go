@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"hash/crc32"
 	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -443,7 +445,7 @@ func churnRemoving(t *testing.T, l *Log, n uint64) map[string]string {
 // even across a power loss, do not make Open refuse the log, while an oldest
 // segment deleted behind its back does.
 func TestRemovedSegmentsAreNotMissing(t *testing.T) {
-	var synced r2Synced
+	var synced syncedSizes
 	dir := t.TempDir()
 	opts := Options{SegmentSize: 256, Faults: synced.faults()}
 	l, err := Open(dir, opts)
@@ -568,4 +570,80 @@ func TestTruncatedSegmentBeforeEmptyHead(t *testing.T) {
 	assert.Equal(t, filepath.Join(dir, segName(id+1)), ce.File)
 	_, err = os.Stat(filepath.Join(dir, segName(id+1)))
 	assert.NoError(t, err, "the head is not removed")
+}
+
+// Merged CommitAsync batches stay all-or-nothing, and in order, whatever
+// byte the last segment is cut at.
+func TestMergedAsyncBatchesStayAtomicUnderATornTail(t *testing.T) {
+	const goroutines, each = 6, 120
+	dir := t.TempDir()
+	l := openT(t, dir, Options{SegmentSize: 16 << 10}, nil) // limit 2 KiB: several merged records
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				var b Batch
+				for _, part := range []string{"x", "y", "z"} {
+					b.Put(fmt.Appendf(nil, "%d/%03d/%s", g, i, part), fmt.Appendf(nil, "%d-%d-%s", g, i, strings.Repeat(part, i%40)))
+				}
+				if !assert.NoError(t, l.CommitAsync(&b)) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, l.Close())
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var segs []string
+	for _, e := range ents {
+		if _, ok := parseSegName(e.Name()); ok {
+			segs = append(segs, e.Name())
+		}
+	}
+	require.NotEmpty(t, segs)
+	last := segs[len(segs)-1]
+	data, err := os.ReadFile(filepath.Join(dir, last))
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(1, 2))
+	offsets := []int64{int64(len(data)), headerLen}
+	for range 60 {
+		offsets = append(offsets, headerLen+rng.Int64N(int64(len(data)-headerLen)))
+	}
+	for _, off := range offsets {
+		cut := t.TempDir()
+		for _, name := range segs {
+			b, err := os.ReadFile(filepath.Join(dir, name))
+			require.NoError(t, err)
+			if name == last {
+				b = b[:off]
+			}
+			require.NoError(t, os.WriteFile(filepath.Join(cut, name), b, 0o644))
+		}
+		l2, err := Open(cut, Options{})
+		require.NoError(t, err, "cut at %d", off)
+		got := contents(t, l2)
+		require.NoError(t, l2.Close())
+		for g := range goroutines {
+			present := 0
+			for i := range each {
+				n := 0
+				for _, part := range []string{"x", "y", "z"} {
+					if v, ok := got[fmt.Sprintf("%d/%03d/%s", g, i, part)]; ok {
+						n++
+						assert.Equal(t, fmt.Sprintf("%d-%d-%s", g, i, strings.Repeat(part, i%40)), v)
+					}
+				}
+				require.True(t, n == 0 || n == 3, "cut at %d: batch %d/%d has %d of its 3 puts", off, g, i, n)
+				if n == 3 {
+					require.Equal(t, present, i, "cut at %d: goroutine %d has batch %d without batch %d", off, g, i, present)
+					present++
+				}
+			}
+			if off == int64(len(data)) {
+				assert.Equal(t, each, present, "nothing cut: every batch is there")
+			}
+		}
+	}
 }

@@ -20,10 +20,334 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
 	"github.com/tinymq/tinymq"
 	"github.com/tinymq/tinymq/internal/wal"
 )
+
+// goexitInIs is an error whose Is ends the calling goroutine.
+type goexitInIs struct{}
+
+func (goexitInIs) Error() string { return "goexitInIs" }
+
+func (goexitInIs) Is(error) bool { runtime.Goexit(); return false }
+
+// goexitInError is an error whose Error ends the calling goroutine.
+type goexitInError struct{}
+
+func (goexitInError) Error() string { runtime.Goexit(); return "" }
+
+// A consumer that panics with an error value whose methods call
+// runtime.Goexit: the panic becomes a *PanicError whose Unwrap returns that
+// value, so the MQ must not run the value's methods outside the worker's
+// guard. The failure must be counted and settled like any other: retried
+// (Is is asked when a retry is possible), or dead-lettered (Error is asked
+// for the death record).
+func TestPanicValueWithHostileMethodsIsContained(t *testing.T) {
+	for name, c := range map[string]struct {
+		v           error
+		maxAttempts int
+	}{
+		"Is calls Goexit, retry":          {goexitInIs{}, 2},
+		"Error calls Goexit, dead letter": {goexitInError{}, 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := tinymq.New(quiet())
+			dead := make(chan *tinymq.Msg, 10)
+			require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, sink(dead), 1))
+			var calls atomic.Int32
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+				if calls.Add(1) == 1 {
+					panic(c.v)
+				}
+				return nil
+			}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""),
+				tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: c.maxAttempts, InitialBackoff: time.Millisecond})))
+			require.NoError(t, m.Start(context.Background()))
+			defer stopWithin(t, m)
+			require.NoError(t, m.Publish("ev", 1))
+			require.NoError(t, m.Publish("ev", 2))
+			var st tinymq.QueueStats
+			ended := assert.Eventually(t, func() bool {
+				st = m.Stats().Queues["q"]
+				return st.Accepted == 2 && st.Succeeded+st.DeadLettered+st.Dropped == st.Accepted
+			}, settleWait, time.Millisecond)
+			assert.True(t, ended, "the panicked message never ended (retried and succeeded, or dead-lettered): %+v", st)
+			assert.Equal(t, uint64(1), st.Failed)
+			assert.Equal(t, st.Failed, st.Retried+st.DeadLettered+st.Dropped, "every failure settled: %+v", st)
+		})
+	}
+}
+
+// answersOnceErr is an error whose Is answers once and ends the goroutine after:
+// freeze promises that the MQ asks a consumer's error only once.
+type answersOnceErr struct{ calls atomic.Int32 }
+
+func (e *answersOnceErr) Error() string { return "answersOnceErr" }
+
+func (e *answersOnceErr) Is(error) bool {
+	if e.calls.Add(1) > 1 {
+		runtime.Goexit()
+	}
+	return false
+}
+
+// A consumer returns an error wrapping a *PanicError (found in the chain, so
+// its stack is logged) whose Value is the consumer's own error. freeze keeps
+// the *PanicError in the consumerError it makes, and settle's errors.Is goes
+// through it into the Value's Is again, outside the guard.
+func TestConsumerErrorIsReadOnce(t *testing.T) {
+	m := tinymq.New(quiet())
+	dead := make(chan *tinymq.Msg, 10)
+	require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, sink(dead), 1))
+	inner := &answersOnceErr{}
+	var calls atomic.Int32
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		if calls.Add(1) == 1 {
+			return fmt.Errorf("ctx: %w", &tinymq.PanicError{Value: inner, Stack: []byte("stack")})
+		}
+		return nil
+	}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""),
+		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})))
+	require.NoError(t, m.Start(context.Background()))
+	defer stopWithin(t, m)
+	require.NoError(t, m.Publish("ev", 1))
+	st := waitSettled(t, m, "q", 1)
+	if assert.Equal(t, uint64(1), st.Retried, "the failed message was not settled: %+v", st) {
+		assert.Eventually(t, func() bool { return m.Stats().Queues["q"].Succeeded == 1 }, settleWait, time.Millisecond, "the retry never came")
+	}
+	assert.Equal(t, int32(1), inner.calls.Load(), "the consumer's error was asked again after freeze")
+}
+
+// hookCodec is JSONCodec that runs hook before encoding an hookTrigger.
+type hookCodec struct {
+	tinymq.JSONCodec
+	hook func()
+}
+
+type hookTrigger struct{ N int }
+
+func (c hookCodec) Marshal(v any) ([]byte, error) {
+	if _, ok := v.(hookTrigger); ok {
+		c.hook()
+	}
+	return c.JSONCodec.Marshal(v)
+}
+
+// The codec is user code that may call back into the MQ. A publish that
+// reaches a durable queue through an alternate exchange encodes its data
+// inside logMessage; if its ID is the one that reserves the next block ahead,
+// it holds the exchange's reserveMu while the codec runs. A codec that
+// publishes to the same exchange (synchronously: here from a goroutine it
+// waits for, with a bound) then blocks on reserveMu as soon as the IDs run
+// past the reservation: the publish and the codec wait for each other.
+func TestCodecPublishingDuringAnIDReservationDoesNotFreeze(t *testing.T) {
+	var m *tinymq.MQ
+	nestedDone := make(chan struct{})
+	finished := make(chan bool, 1)
+	codec := hookCodec{hook: func() {
+		go func() {
+			defer close(nestedDone)
+			for i := range 2100 { // past the block reserved so far
+				if err := m.Publish("front", i, tinymq.WithRoutingKey("mem")); err != nil {
+					return
+				}
+			}
+		}()
+		select {
+		case <-nestedDone:
+			finished <- true
+		case <-time.After(settleWait):
+			finished <- false // give up, so that the test unwinds
+		}
+	}}
+	m = tinymq.New(tinymq.WithDataDir(t.TempDir()), tinymq.WithSync(time.Hour), tinymq.WithCodec(codec), quiet())
+	var memCount atomic.Int64
+	require.NoError(t, m.RegisterQueue("back", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+		tinymq.WithQueueName("durable"), tinymq.WithDurable()))
+	require.NoError(t, m.DeclareExchange("front", tinymq.Direct, tinymq.WithAlternateExchange("back")))
+	require.NoError(t, m.RegisterQueue("front", tinymq.Direct, func(context.Context, *tinymq.Msg) error {
+		memCount.Add(1)
+		return nil
+	}, 1, tinymq.WithQueueName("mem"), tinymq.WithBindingKey("mem")))
+	require.NoError(t, m.Start(context.Background()))
+	for i := range 2049 { // IDs 1..2049: the next one reserves ahead
+		require.NoError(t, m.Publish("front", i, tinymq.WithRoutingKey("mem")))
+	}
+	outer := make(chan error, 1)
+	go func() { outer <- m.Publish("front", hookTrigger{1}) }() // no binding: to "back", durable
+	select {
+	case ok := <-finished:
+		assert.True(t, ok, "the codec's publishes to its own exchange froze while the codec ran")
+	case <-time.After(wait):
+		t.Fatal("the codec never ran")
+	}
+	select {
+	case err := <-outer:
+		require.NoError(t, err)
+	case <-time.After(wait):
+		t.Fatal("the outer publish never returned")
+	}
+	closedWithin(t, nestedDone, "the codec's publishes")
+	require.Eventually(t, func() bool { return memCount.Load() == 2049+2100 }, wait, time.Millisecond)
+	stopWithin(t, m)
+}
+
+// stringerCalls is a panic value whose String runs fn: consumer code that the MQ
+// runs while it freezes the panic.
+type stringerCalls struct{ fn func() string }
+
+func (v stringerCalls) String() string { return v.fn() }
+
+// A panic value's String calls Shutdown (user code calling back in, as a
+// logger may). The MQ runs the value's methods in freezeAside, on a goroutine
+// that is not one of its own, while the worker waits for it: Shutdown does
+// not know it was called from the consumer, so instead of beginning the stop
+// and returning ErrCalledFromConsumer at once it waits for every worker,
+// including the one waiting for it. The MQ freezes until Shutdown's context
+// ends (forever with Stop).
+func TestPanicValueWhoseStringCallsShutdownIsContained(t *testing.T) {
+	m := tinymq.New(quiet())
+	hostile, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan error, 1)
+	var once sync.Once
+	value := stringerCalls{fn: func() string {
+		once.Do(func() { got <- m.Shutdown(hostile) })
+		return "r3 value"
+	}}
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		panic(value)
+	}, 1, tinymq.WithQueueName("q"), tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 1})))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("ev", 1))
+	select {
+	case err := <-got:
+		assert.ErrorIs(t, err, tinymq.ErrCalledFromConsumer)
+	case <-time.After(settleWait):
+		t.Errorf("Shutdown called from the panic value's String is still waiting after %v (for the worker that waits for it)", settleWait)
+		cancel() // unwedge it, so that the MQ can stop
+		select {
+		case <-got:
+		case <-time.After(wait):
+			t.Fatal("Shutdown ignores its context")
+		}
+	}
+	stopWithin(t, m)
+	st := m.Stats().Queues["q"]
+	assert.Equal(t, st.Accepted, st.Succeeded+st.DeadLettered+st.Dropped+st.Undelivered, "%+v", st)
+}
+
+// bombErr is an error whose Error panics with an bombErr: fmt gives up on
+// nested panics and panics again, so formatting it panics whatever guard fmt
+// has.
+type bombErr struct{}
+
+func (bombErr) Error() string { panic(bombErr{}) }
+
+// goexitStringer is a panic value whose String ends the calling goroutine.
+type goexitStringer struct{}
+
+func (goexitStringer) String() string { runtime.Goexit(); return "" }
+
+// The frozen error keeps its meaning however hostile the value: a panic is
+// reported as a panic (not as a runtime.Goexit that never happened), a
+// returned error as a failure that was not a Goexit, and a panic's stack,
+// taken before any of the value's methods ran, is logged. Here the value's
+// Error panics with a value whose Error panics again: errorText and
+// valueText recover the first panic and then format the recovered value with
+// %v, which runs the consumer's code again, unguarded, and panics out of
+// freeze; freezeAside then falls back to its Goexit text with no stack.
+func TestHostilePanicValueKeepsItsMeaning(t *testing.T) {
+	for name, c := range map[string]struct {
+		fail      func() error
+		panicked  bool   // the consumer panicked: a stack must be logged
+		lastError string // the Death's LastError must contain it
+	}{
+		"panic with a self-panicking error": {func() error { panic(bombErr{}) }, true, "panic"},
+		"returns a self-panicking error":    {func() error { return bombErr{} }, false, "bombErr"},
+		"panic value's String calls Goexit": {func() error { panic(goexitStringer{}) }, true, "Goexit"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			logger, records := logRecords()
+			m := tinymq.New(tinymq.WithLogger(logger))
+			dead := deadLetters(t, m)
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+				return c.fail()
+			}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""),
+				tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 1})))
+			require.NoError(t, m.Start(context.Background()))
+			defer stopWithin(t, m)
+			require.NoError(t, m.Publish("ev", 1))
+			d := recv(t, dead, 1)[0]
+			st := waitSettled(t, m, "q", 1)
+			assert.Equal(t, uint64(1), st.DeadLettered, "%+v", st)
+			text := d.Deaths[0].LastError
+			assert.Contains(t, text, c.lastError)
+			if c.lastError != "Goexit" {
+				assert.NotContains(t, text, "Goexit", "nothing called runtime.Goexit")
+			}
+			// The counts are updated before the log record is written: wait for it.
+			var stack string
+			logged := assert.Eventually(t, func() bool {
+				for _, r := range records(t) {
+					if r["queue"] == "q" && strings.Contains(fmt.Sprint(r["msg"]), "dead-lettered") {
+						stack, _ = r["stack"].(string)
+						return true
+					}
+				}
+				return false
+			}, settleWait, time.Millisecond)
+			require.True(t, logged, "the dead-lettering was not logged")
+			if c.panicked {
+				assert.Contains(t, stack, "TestHostilePanicValueKeepsItsMeaning",
+					"the stack of the consumer's panic is not logged (LastError %q)", text)
+			}
+		})
+	}
+}
+
+// Edge forms of errors and panics: each failure is settled and counted once,
+// retried or not as its chain says, and the Death's LastError says what
+// happened.
+func TestEdgeErrorsAndPanicsSettleOnce(t *testing.T) {
+	var typedNil *nilErr
+	for name, c := range map[string]struct {
+		fail      func() error
+		attempts  int    // deliveries before the dead letter (MaxAttempts 3)
+		lastError string // contained in the Death's LastError
+	}{
+		"Permanent(typed nil)":             {func() error { return tinymq.Permanent(typedNil) }, 1, "panicked"},
+		"Join(typed nil)":                  {func() error { return errors.Join(typedNil) }, 3, "panicked"},
+		"panic(typed nil error)":           {func() error { panic(typedNil) }, 3, "panic"},
+		"panic(nil)":                       {func() error { panic(nil) }, 3, "nil"},
+		"returns ErrGoexit":                {func() error { return fmt.Errorf("w: %w", tinymq.ErrGoexit) }, 3, "Goexit"},
+		"panic(*PanicError)":               {func() error { panic(&tinymq.PanicError{Value: "inner"}) }, 3, "inner"},
+		"panic(Permanent in *PanicError)":  {func() error { panic(&tinymq.PanicError{Value: tinymq.Permanent(errors.New("p"))}) }, 1, "p"},
+		"huge error text":                  {func() error { return errors.New(strings.Repeat("h", 1<<20)) }, 3, "hhhh"},
+		"Join(Permanent, self-panicking)":  {func() error { return errors.Join(tinymq.Permanent(errors.New("p")), bombErr{}) }, 1, ""},
+		"Permanent wrapping panic(string)": {func() error { return tinymq.Permanent(&tinymq.PanicError{Value: "s"}) }, 1, "s"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := tinymq.New(quiet())
+			dead := deadLetters(t, m)
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+				return c.fail()
+			}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""),
+				tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})))
+			require.NoError(t, m.Start(context.Background()))
+			defer stopWithin(t, m)
+			require.NoError(t, m.Publish("ev", 1))
+			d := recv(t, dead, 1)[0]
+			st := waitSettled(t, m, "q", uint64(c.attempts))
+			assert.Equal(t, c.attempts, d.Deaths[0].Attempts)
+			assert.Equal(t, uint64(c.attempts), st.Failed, "%+v", st)
+			assert.Equal(t, uint64(c.attempts-1), st.Retried, "%+v", st)
+			assert.Equal(t, st.Accepted, st.Succeeded+st.DeadLettered+st.Dropped, "%+v", st)
+			assert.NotEmpty(t, d.Deaths[0].LastError)
+			assert.Contains(t, d.Deaths[0].LastError, c.lastError)
+		})
+	}
+}
 
 // cyclic values: a map and a slice that hold themselves.
 func cyclicMap() map[string]any {
@@ -208,26 +532,46 @@ func TestBadInputNeverPanics(t *testing.T) {
 
 type panickyCodec struct{}
 
-func (panickyCodec) Marshal(any) ([]byte, error)    { panic("marshal") }
-func (panickyCodec) Unmarshal([]byte, any) error    { panic("unmarshal") }
-func (panickyCodec) ContentType() string            { panic("content type") }
-func (panickyCodec) String() string                 { return "panickyCodec" }
-func (panickyCodec) Format(fmt.State, rune)         { panic("format") }
-func (panickyCodec) GoString() string               { panic("gostring") }
-func (panickyCodec) Error() string                  { panic("error") }
-func (panickyCodec) Is(error) bool                  { panic("is") }
-func (panickyCodec) Unwrap() error                  { panic("unwrap") }
-func (panickyCodec) MarshalText() ([]byte, error)   { panic("text") }
-func (panickyCodec) MarshalJSON() ([]byte, error)   { panic("json") }
-func (panickyCodec) LogValue() slog.Value           { panic("log value") }
-func (panickyCodec) Timeout() bool                  { panic("timeout") }
-func (panickyCodec) Temporary() bool                { panic("temporary") }
-func (panickyCodec) As(any) bool                    { panic("as") }
-func (panickyCodec) Len() int                       { panic("len") }
-func (panickyCodec) Cap() int                       { panic("cap") }
-func (panickyCodec) Read([]byte) (int, error)       { panic("read") }
-func (panickyCodec) Write([]byte) (int, error)      { panic("write") }
-func (panickyCodec) Close() error                   { panic("close") }
+func (panickyCodec) Marshal(any) ([]byte, error) { panic("marshal") }
+
+func (panickyCodec) Unmarshal([]byte, any) error { panic("unmarshal") }
+
+func (panickyCodec) ContentType() string { panic("content type") }
+
+func (panickyCodec) String() string { return "panickyCodec" }
+
+func (panickyCodec) Format(fmt.State, rune) { panic("format") }
+
+func (panickyCodec) GoString() string { panic("gostring") }
+
+func (panickyCodec) Error() string { panic("error") }
+
+func (panickyCodec) Is(error) bool { panic("is") }
+
+func (panickyCodec) Unwrap() error { panic("unwrap") }
+
+func (panickyCodec) MarshalText() ([]byte, error) { panic("text") }
+
+func (panickyCodec) MarshalJSON() ([]byte, error) { panic("json") }
+
+func (panickyCodec) LogValue() slog.Value { panic("log value") }
+
+func (panickyCodec) Timeout() bool { panic("timeout") }
+
+func (panickyCodec) Temporary() bool { panic("temporary") }
+
+func (panickyCodec) As(any) bool { panic("as") }
+
+func (panickyCodec) Len() int { panic("len") }
+
+func (panickyCodec) Cap() int { panic("cap") }
+
+func (panickyCodec) Read([]byte) (int, error) { panic("read") }
+
+func (panickyCodec) Write([]byte) (int, error) { panic("write") }
+
+func (panickyCodec) Close() error { panic("close") }
+
 func (panickyCodec) Seek(int64, int) (int64, error) { panic("seek") }
 
 // Deadlines and backoffs past the year 2262 saturate: a TTL of MaxInt64
@@ -595,32 +939,43 @@ var scenarios = map[string]func(t *testing.T){
 	},
 }
 
+// nilErr is an error whose Error dereferences its receiver: a typed nil
+// *nilErr panics when asked for its text.
 type nilErr struct{ msg string }
 
-func (e *nilErr) Error() string { return e.msg } // panics on a nil receiver
+func (e *nilErr) Error() string { return e.msg }
 
 func failing(context.Context, *tinymq.Msg) error { return errors.New("fail") }
 
 type panicHandler struct{}
 
-func (panicHandler) Enabled(context.Context, slog.Level) bool  { return true }
+func (panicHandler) Enabled(context.Context, slog.Level) bool { return true }
+
 func (panicHandler) Handle(context.Context, slog.Record) error { panic("logger panics") }
-func (h panicHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
-func (h panicHandler) WithGroup(string) slog.Handler           { return h }
+
+func (h panicHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+
+func (h panicHandler) WithGroup(string) slog.Handler { return h }
 
 type blockHandler struct{ block chan struct{} }
 
-func (blockHandler) Enabled(context.Context, slog.Level) bool    { return true }
+func (blockHandler) Enabled(context.Context, slog.Level) bool { return true }
+
 func (h blockHandler) Handle(context.Context, slog.Record) error { <-h.block; return nil }
-func (h blockHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
-func (h blockHandler) WithGroup(string) slog.Handler             { return h }
+
+func (h blockHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+
+func (h blockHandler) WithGroup(string) slog.Handler { return h }
 
 type callbackHandler struct{ fn func() }
 
-func (*callbackHandler) Enabled(context.Context, slog.Level) bool    { return true }
+func (*callbackHandler) Enabled(context.Context, slog.Level) bool { return true }
+
 func (h *callbackHandler) Handle(context.Context, slog.Record) error { h.fn(); return nil }
-func (h *callbackHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
-func (h *callbackHandler) WithGroup(string) slog.Handler             { return h }
+
+func (h *callbackHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+
+func (h *callbackHandler) WithGroup(string) slog.Handler { return h }
 
 // callbackCodec is JSON that calls fn first, each time it encodes.
 type callbackCodec struct{ fn func() }
@@ -629,8 +984,10 @@ func (c *callbackCodec) Marshal(v any) ([]byte, error) {
 	c.fn()
 	return tinymq.JSONCodec{}.Marshal(v)
 }
+
 func (*callbackCodec) Unmarshal(b []byte, v any) error { return tinymq.JSONCodec{}.Unmarshal(b, v) }
-func (*callbackCodec) ContentType() string             { return tinymq.JSONCodec{}.ContentType() }
+
+func (*callbackCodec) ContentType() string { return tinymq.JSONCodec{}.ContentType() }
 
 // TestReentrancy runs each scenario in a child process with a bound, so that
 // a crash or a hang of the MQ fails the scenario, not the test run.
@@ -796,5 +1153,7 @@ func torture(t *testing.T, seed uint64) {
 type goexitError struct{}
 
 func (goexitError) Error() string { runtime.Goexit(); return "" }
+
 func (goexitError) Is(error) bool { runtime.Goexit(); return false }
+
 func (goexitError) Unwrap() error { runtime.Goexit(); return nil }

@@ -1,7 +1,9 @@
 package wal
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -15,35 +17,264 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Review 3: attacks on chunked compaction (compactStep), on when it runs
-// (shouldCompact), and on awaitCohort. Every identifier here starts with r3.
+func dirBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var n int64
+	for _, e := range ents {
+		info, err := e.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the writer removed it since ReadDir: it takes no room
+		}
+		require.NoError(t, err)
+		n += info.Size()
+	}
+	return n
+}
 
-// r3FS wraps a fileSystem to count reads and bytes written, and to fail reads
+// TestBoundedDisk runs 200k put+delete pairs, with a few long-lived keys the
+// compaction has to move along: the directory must stay a few segments big.
+func TestBoundedDisk(t *testing.T) {
+	const (
+		segSize = 8 << 10
+		pairs   = 200_000
+		perB    = 10 // pairs per batch
+		lag     = 25 // a key is deleted this many puts after it was put
+	)
+	dir := t.TempDir()
+	fs := &faultFS{noSync: true}
+	l := openT(t, dir, Options{SegmentSize: segSize}, fs)
+	want := map[string]string{}
+	var b Batch
+	for i := range 20 {
+		k, v := fmt.Sprintf("long%02d", i), strings.Repeat("L", 40)
+		b.Put([]byte(k), []byte(v))
+		want[k] = v
+	}
+	require.NoError(t, l.Commit(&b))
+
+	val := []byte(strings.Repeat("v", 64))
+	bound := int64(6 * segSize)
+	var maxDisk int64
+	for i := 0; i < pairs; i += perB {
+		b.Reset()
+		for j := i; j < i+perB; j++ {
+			b.Put(fmt.Appendf(nil, "msg%07d", j), val)
+			if j >= lag {
+				b.Delete(fmt.Appendf(nil, "msg%07d", j-lag))
+			}
+		}
+		if i%(100*perB) == 0 {
+			// Now and then a long-lived key changes, as a queue's metadata would.
+			k := fmt.Sprintf("long%02d", i/(100*perB)%20)
+			b.Put([]byte(k), fmt.Appendf(nil, "L%d", i))
+			want[k] = fmt.Sprintf("L%d", i)
+			require.NoError(t, l.Commit(&b))
+		} else {
+			require.NoError(t, l.CommitAsync(&b))
+		}
+		if i%(10*perB) == 0 {
+			maxDisk = max(maxDisk, l.Stats().DiskBytes)
+		}
+	}
+	require.NoError(t, l.Sync())
+	for j := pairs - lag; j < pairs; j++ {
+		want[fmt.Sprintf("msg%07d", j)] = string(val)
+	}
+	// The writer removes dead segments after answering the Sync; wait for it.
+	require.Eventually(t, func() bool { return l.Stats().DiskBytes <= bound }, 10*time.Second, time.Millisecond)
+	st := l.Stats()
+	maxDisk = max(maxDisk, st.DiskBytes)
+	t.Logf("after %d pairs: %+v; largest DiskBytes seen %d; directory %d bytes", pairs, st, maxDisk, dirBytes(t, dir))
+	assert.LessOrEqual(t, maxDisk, bound)
+	assert.LessOrEqual(t, dirBytes(t, dir), bound)
+	assert.Greater(t, st.SegmentsRemoved, uint64(100))
+	assert.Greater(t, st.Compactions, uint64(0), "the long-lived keys were moved")
+	assert.Equal(t, len(want), st.LiveKeys)
+	assert.Equal(t, want, contents(t, l))
+	require.NoError(t, l.Close())
+
+	l = openT(t, dir, Options{SegmentSize: segSize}, fs)
+	assert.Equal(t, want, contents(t, l))
+}
+
+// TestCompaction: a segment that holds a few live values among dead ones is
+// rewritten into the head and deleted, and the values survive a reopen.
+func TestCompaction(t *testing.T) {
+	const segSize = 4 << 10
+	dir := t.TempDir()
+	l := openT(t, dir, Options{SegmentSize: segSize}, nil)
+	// Segment 1: three keys that stay, many that are overwritten later.
+	commit(t, l, "keep/a=alpha", "keep/b=beta", "keep/c=gamma")
+	for i := range 60 {
+		commit(t, l, fmt.Sprintf("churn/%d=%s", i%10, strings.Repeat("x", 100)))
+	}
+	first := filepath.Join(dir, segName(1))
+	require.Eventually(t, func() bool {
+		// Compaction and removal run in the writer after a group; a Sync is a group.
+		require.NoError(t, l.Sync())
+		_, err := os.Stat(first)
+		return os.IsNotExist(err)
+	}, 10*time.Second, time.Millisecond)
+	st := l.Stats()
+	assert.Greater(t, st.Compactions, uint64(0))
+	assert.Greater(t, st.SegmentsRemoved, uint64(0))
+	want := map[string]string{"keep/a": "alpha", "keep/b": "beta", "keep/c": "gamma"}
+	for i := range 10 {
+		want[fmt.Sprintf("churn/%d", i)] = strings.Repeat("x", 100)
+	}
+	assert.Equal(t, want, contents(t, l))
+	// Live data is about 1.2 KiB: a few segments at most.
+	assert.LessOrEqual(t, st.DiskBytes, int64(3*segSize))
+	require.NoError(t, l.Close())
+	l = openT(t, dir, Options{}, nil)
+	assert.Equal(t, want, contents(t, l))
+}
+
+// Compaction reads a chunk per step (a quarter segment here, 128 KiB): records
+// cut by the chunk's end are read again by the next step, and a live record
+// larger than a chunk is read on its own; all of them survive.
+func TestCompactionChunks(t *testing.T) {
+	const segSize = 512 << 10
+	dir := t.TempDir()
+	l := openT(t, dir, Options{SegmentSize: segSize}, nil)
+	big := strings.Repeat("B", 200<<10)
+	want := map[string]string{"big": big}
+	commit(t, l, "big="+big)
+	for i := range 120 { // odd-sized records: chunk ends fall inside them
+		k, v := fmt.Sprintf("keep/%03d", i), strings.Repeat("k", 900+i)
+		commit(t, l, k+"="+v)
+		want[k] = v
+		k, v = fmt.Sprintf("churn/%d", i%7), strings.Repeat("x", 1500+i)
+		commit(t, l, k+"="+v)
+		want[k] = v
+	}
+	// The first segment is mostly live (the big value): it is compacted once
+	// the directory passes twice the live data plus two segments. Churn
+	// until then (a bounded number of commits).
+	first := filepath.Join(dir, segName(1))
+	gone := false
+	for i := 0; i < 2000 && !gone; i++ {
+		commit(t, l, fmt.Sprintf("fill/%d=%s", i%5, strings.Repeat("f", 4000)))
+		_, err := os.Stat(first)
+		gone = os.IsNotExist(err)
+	}
+	require.True(t, gone, "the first segment was compacted and removed")
+	for i := range 5 {
+		want[fmt.Sprintf("fill/%d", i)] = strings.Repeat("f", 4000)
+	}
+	assert.Greater(t, l.Stats().Compactions, uint64(1), "more than one step")
+	same := func(got map[string]string) bool { // not assert.Equal: a failure would print 200 KiB
+		return maps.Equal(want, got)
+	}
+	assert.True(t, same(contents(t, l)), "the live values after compaction")
+	require.NoError(t, l.Close())
+	l = openT(t, dir, Options{SegmentSize: segSize}, nil)
+	assert.True(t, same(contents(t, l)), "the live values after a reopen")
+}
+
+// TestCompactionNoChurnLoop: a log whose data is all live is left alone.
+func TestCompactionAllLive(t *testing.T) {
+	dir := t.TempDir()
+	l := openT(t, dir, Options{SegmentSize: 1024}, nil)
+	for i := range 100 {
+		commit(t, l, fmt.Sprintf("k%03d=%s", i, strings.Repeat("v", 50)))
+	}
+	require.NoError(t, l.Sync())
+	st := l.Stats()
+	assert.Zero(t, st.Compactions)
+	assert.Zero(t, st.SegmentsRemoved)
+	assert.Equal(t, 100, st.LiveKeys)
+}
+
+// A steady put/delete load keeps the directory at a few small segments even
+// when the oldest segment is mostly live: here the first segment holds values
+// that stay (a backlog nobody consumes), a little over half of it, and a
+// churn of put/delete pairs (TestBoundedDisk's load) follows. Dead segments
+// can only be removed oldest first, so the oldest must be compacted away for
+// anything behind it to go.
+func TestBoundedDiskBehindAMostlyLiveOldestSegment(t *testing.T) {
+	const (
+		segSize = 8 << 10
+		pairs   = 20_000
+		perB    = 10
+		lag     = 25
+	)
+	for _, liveShare := range []int{75, 100} { // percent of the first segment that stays live
+		t.Run(fmt.Sprint(liveShare, "% live"), func(t *testing.T) {
+			l := openT(t, t.TempDir(), Options{SegmentSize: segSize}, nil)
+			want := map[string]string{}
+			var b Batch
+			val := strings.Repeat("k", 90)
+			for i := 0; l.Stats().Segments == 1; i++ {
+				b.Reset()
+				k := fmt.Sprintf("keep/%04d", i)
+				b.Put([]byte(k), []byte(val))
+				want[k] = val
+				require.NoError(t, l.Commit(&b))
+			}
+			// Delete enough of the first segment's keys to leave liveShare% live.
+			first := l.Stats().LiveBytes
+			for i := 0; l.Stats().LiveBytes*100 > first*int64(liveShare); i++ {
+				k := fmt.Sprintf("keep/%04d", i)
+				b.Reset()
+				b.Delete([]byte(k))
+				delete(want, k)
+				require.NoError(t, l.Commit(&b))
+			}
+			churn := []byte(strings.Repeat("v", 64))
+			var maxDisk int64
+			for i := 0; i < pairs; i += perB {
+				b.Reset()
+				for j := i; j < i+perB; j++ {
+					b.Put(fmt.Appendf(nil, "msg%07d", j), churn)
+					if j >= lag {
+						b.Delete(fmt.Appendf(nil, "msg%07d", j-lag))
+					}
+				}
+				require.NoError(t, l.CommitAsync(&b))
+				maxDisk = max(maxDisk, l.Stats().DiskBytes)
+			}
+			require.NoError(t, l.Sync())
+			for j := pairs - lag; j < pairs; j++ {
+				want[fmt.Sprintf("msg%07d", j)] = string(churn)
+			}
+			st := l.Stats()
+			bound := st.LiveBytes + 6*segSize
+			t.Logf("%+v; largest DiskBytes seen %d, bound %d", st, maxDisk, bound)
+			assert.LessOrEqual(t, maxDisk, bound, "the directory grew with the churn: dead segments pile up behind the oldest")
+			assert.Equal(t, want, contents(t, l))
+		})
+	}
+}
+
+// readFaultFS wraps a fileSystem to count reads and bytes written, and to fail reads
 // (readErr) of the segment files.
-type r3FS struct {
+type readFaultFS struct {
 	fileSystem
 	reads   atomic.Int64
 	written atomic.Int64
 	readErr atomic.Pointer[func(name string, n int, off int64) error]
 }
 
-func (fs *r3FS) OpenFile(name string, flag int) (file, error) {
+func (fs *readFaultFS) OpenFile(name string, flag int) (file, error) {
 	f, err := fs.fileSystem.OpenFile(name, flag)
 	if err != nil {
 		return nil, err
 	}
-	return &r3File{file: f, name: name, fs: fs}, nil
+	return &readFaultFile{file: f, name: name, fs: fs}, nil
 }
 
-func (fs *r3FS) failReads(h func(name string, n int, off int64) error) { fs.readErr.Store(&h) }
+func (fs *readFaultFS) failReads(h func(name string, n int, off int64) error) { fs.readErr.Store(&h) }
 
-type r3File struct {
+type readFaultFile struct {
 	file
 	name string
-	fs   *r3FS
+	fs   *readFaultFS
 }
 
-func (f *r3File) ReadAt(p []byte, off int64) (int, error) {
+func (f *readFaultFile) ReadAt(p []byte, off int64) (int, error) {
 	f.fs.reads.Add(1)
 	if h := f.fs.readErr.Load(); h != nil && *h != nil {
 		if err := (*h)(f.name, len(p), off); err != nil {
@@ -53,24 +284,24 @@ func (f *r3File) ReadAt(p []byte, off int64) (int, error) {
 	return f.file.ReadAt(p, off)
 }
 
-func (f *r3File) WriteAt(p []byte, off int64) (int, error) {
+func (f *readFaultFile) WriteAt(p []byte, off int64) (int, error) {
 	n, err := f.file.WriteAt(p, off)
 	f.fs.written.Add(int64(n))
 	return n, err
 }
 
-// r3Budget is compactStep's chunk size for a segment size.
-func r3Budget(segSize int64) int64 { return min(max(segSize/4, 64<<10), 1<<20) }
+// chunkBudget is compactStep's chunk size for a segment size.
+func chunkBudget(segSize int64) int64 { return min(max(segSize/4, 64<<10), 1<<20) }
 
-// r3RecLen is the encoded size of a record of one Put with an 8-byte key.
-func r3RecLen(vlen int) int { return recPrefixLen + int(opCost(8, vlen)) }
+// putRecordLen is the encoded size of a record of one Put with an 8-byte key.
+func putRecordLen(vlen int) int { return recPrefixLen + int(opCost(8, vlen)) }
 
-// r3ValLen returns the value length that makes a one-Put record (8-byte key)
+// valLenForRecord returns the value length that makes a one-Put record (8-byte key)
 // exactly z bytes long.
-func r3ValLen(t *testing.T, z int) int {
+func valLenForRecord(t *testing.T, z int) int {
 	t.Helper()
 	for _, v := range []int{z - 39, z - 40, z - 41} {
-		if v >= 0 && r3RecLen(v) == z {
+		if v >= 0 && putRecordLen(v) == z {
 			return v
 		}
 	}
@@ -78,9 +309,9 @@ func r3ValLen(t *testing.T, z int) int {
 	return 0
 }
 
-// r3Segments lists the segment files of dir, oldest first, with the sizes of
+// segmentSizes lists the segment files of dir, oldest first, with the sizes of
 // their records as found on disk.
-func r3Segments(t *testing.T, dir string) [][]int {
+func segmentSizes(t *testing.T, dir string) [][]int {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
 	require.NoError(t, err)
@@ -105,11 +336,11 @@ func r3Segments(t *testing.T, dir string) [][]int {
 	return out
 }
 
-// r3Chunking replays compactStep's chunking over a segment holding records
+// replayChunking replays compactStep's chunking over a segment holding records
 // of these sizes and returns, for every step that ended inside a record, how
 // many bytes of it the chunk held (0 for a chunk ending exactly at a record
 // end), and how many records were read on their own (larger than a chunk).
-func r3Chunking(sizes []int, budget int) (cuts map[int]bool, alone int) {
+func replayChunking(sizes []int, budget int) (cuts map[int]bool, alone int) {
 	cuts = map[int]bool{}
 	size := headerLen
 	for _, z := range sizes {
@@ -148,9 +379,9 @@ func r3Chunking(sizes []int, budget int) (cuts map[int]bool, alone int) {
 // live values, everything else dies, so the segments are compacted (under a
 // quarter live, more than two segments); Get runs throughout. Every live
 // value must survive, in place and after a reopen.
-func TestReview3CompactionChunkBoundaries(t *testing.T) {
+func TestCompactionChunkBoundaries(t *testing.T) {
 	const segSize = 256 << 10
-	budget := int(r3Budget(segSize))
+	budget := int(chunkBudget(segSize))
 	require.Equal(t, 64<<10, budget)
 	const straddler = 1500
 	big := budget + 4464 // larger than a chunk
@@ -173,7 +404,7 @@ func TestReview3CompactionChunkBoundaries(t *testing.T) {
 			k = fmt.Sprintf("l%07d", n)
 		}
 		n++
-		v := strings.Repeat(string(rune('a'+n%26)), r3ValLen(t, z))
+		v := strings.Repeat(string(rune('a'+n%26)), valLenForRecord(t, z))
 		commit(t, l, k+"="+v)
 		if live {
 			want[k] = v
@@ -213,12 +444,12 @@ func TestReview3CompactionChunkBoundaries(t *testing.T) {
 			pos += 1000
 		}
 	}
-	got := r3Segments(t, dir)
+	got := segmentSizes(t, dir)
 	require.GreaterOrEqual(t, len(got), len(plan))
 	require.Equal(t, wantSizes, got[:len(plan)], "the records are laid out as planned")
 	cuts, alone := map[int]bool{}, 0
 	for _, sizes := range got[:len(plan)] {
-		c, a := r3Chunking(sizes, budget)
+		c, a := replayChunking(sizes, budget)
 		maps.Copy(cuts, c)
 		alone += a
 	}
@@ -268,7 +499,7 @@ func TestReview3CompactionChunkBoundaries(t *testing.T) {
 		_, err := os.Stat(last)
 		// The count rises just after the file goes (see removeOldest).
 		return os.IsNotExist(err) && l.Stats().SegmentsRemoved >= uint64(len(plan))
-	}, r2Wait, time.Millisecond, "the crafted segments are compacted and removed")
+	}, settleWait, time.Millisecond, "the crafted segments are compacted and removed")
 	stopReaders()
 	st := l.Stats()
 	assert.Positive(t, st.Compactions)
@@ -283,17 +514,17 @@ func TestReview3CompactionChunkBoundaries(t *testing.T) {
 // record larger than a chunk, or a write of the compaction record) fails the
 // log: every later call reports ErrFailed with the cause, Close does not
 // hang, and a reopen finds everything that was committed.
-func TestReview3CompactionFaultFailsCleanly(t *testing.T) {
+func TestCompactionReadFailureFailsCleanly(t *testing.T) {
 	const segSize = 128 << 10
-	budget := int(r3Budget(segSize))
+	budget := int(chunkBudget(segSize))
 	require.Less(t, budget+1000, segSize)
 	for _, tc := range []struct {
 		name  string
 		first int // size of the first value of segment 1 (dead later)
-		arm   func(ffs *faultFS, fs *r3FS, seg1 string)
+		arm   func(ffs *faultFS, fs *readFaultFS, seg1 string)
 		cause error
 	}{
-		{"chunk read", 1000, func(_ *faultFS, fs *r3FS, seg1 string) {
+		{"chunk read", 1000, func(_ *faultFS, fs *readFaultFS, seg1 string) {
 			fs.failReads(func(name string, n int, off int64) error {
 				if name == seg1 && n > recHeaderLen {
 					return errIO
@@ -301,7 +532,7 @@ func TestReview3CompactionFaultFailsCleanly(t *testing.T) {
 				return nil
 			})
 		}, errIO},
-		{"big record read alone", budget + 1000, func(_ *faultFS, fs *r3FS, seg1 string) {
+		{"big record read alone", budget + 1000, func(_ *faultFS, fs *readFaultFS, seg1 string) {
 			fs.failReads(func(name string, n int, off int64) error {
 				if name == seg1 && n == recHeaderLen {
 					return errIO
@@ -309,7 +540,7 @@ func TestReview3CompactionFaultFailsCleanly(t *testing.T) {
 				return nil
 			})
 		}, errIO},
-		{"compaction record write", 1000, func(ffs *faultFS, fs *r3FS, seg1 string) {
+		{"compaction record write", 1000, func(ffs *faultFS, fs *readFaultFS, seg1 string) {
 			var once sync.Once
 			fs.failReads(func(name string, n int, off int64) error {
 				if name == seg1 {
@@ -321,7 +552,7 @@ func TestReview3CompactionFaultFailsCleanly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ffs := &faultFS{noSync: true}
-			fs := &r3FS{fileSystem: ffs}
+			fs := &readFaultFS{fileSystem: ffs}
 			dir := t.TempDir()
 			l, err := open(dir, Options{SegmentSize: segSize}, fs)
 			require.NoError(t, err)
@@ -364,13 +595,13 @@ func TestReview3CompactionFaultFailsCleanly(t *testing.T) {
 			require.Error(t, failure, "the compaction fault never failed the log")
 			assert.ErrorIs(t, failure, ErrFailed)
 			assert.ErrorIs(t, l.Sync(), tc.cause, "the cause is reported")
-			assert.ErrorIs(t, l.CommitAsync(r2Batch("after", "v")), ErrFailed)
+			assert.ErrorIs(t, l.CommitAsync(putBatch("after", "v")), ErrFailed)
 			closed := make(chan struct{})
 			go func() {
 				defer close(closed)
 				assert.ErrorIs(t, l.Close(), ErrFailed)
 			}()
-			r2Within(t, closed, "Close of the failed log")
+			closedWithin(t, closed, "Close of the failed log")
 			fs.failReads(nil)
 			ffs.failWrites(nil, 0)
 			checkNothingLost(t, dir, committed, attempted)
@@ -389,8 +620,8 @@ func TestReview3CompactionFaultFailsCleanly(t *testing.T) {
 // keeps saying yes, compactStep finds nothing left to read and maintain
 // reports more work, so the writer loops on zero-length reads for as long
 // as the Range lasts, a core at 100% with nothing to do.
-func TestReview3NoBusyLoopWhileReaderPinsDeadSegment(t *testing.T) {
-	fs := &r3FS{fileSystem: &faultFS{noSync: true}}
+func TestNoBusyLoopWhileAReaderPinsADeadSegment(t *testing.T) {
+	fs := &readFaultFS{fileSystem: &faultFS{noSync: true}}
 	l := openT(t, t.TempDir(), Options{SegmentSize: 4096}, fs)
 	val := strings.Repeat("v", 200)
 	var keys []string
@@ -410,7 +641,7 @@ func TestReview3NoBusyLoopWhileReaderPinsDeadSegment(t *testing.T) {
 			return false
 		}))
 	}()
-	r2Within(t, inFn, "Range's fn")
+	closedWithin(t, inFn, "Range's fn")
 	var b Batch
 	for _, k := range keys[:len(keys)-1] { // the last one went to segment 2
 		b.Delete([]byte(k))
@@ -425,12 +656,12 @@ func TestReview3NoBusyLoopWhileReaderPinsDeadSegment(t *testing.T) {
 	<-time.After(300 * time.Millisecond) // a measuring window, not a synchronisation
 	spun := fs.reads.Load() - before
 	close(release)
-	r2Within(t, ranged, "Range")
+	closedWithin(t, ranged, "Range")
 	assert.Less(t, spun, int64(100), "the writer read the segments %d times in 300ms while idle", spun)
 	require.Eventually(t, func() bool {
 		require.NoError(t, l.Sync())
 		return l.Stats().SegmentsRemoved > 0
-	}, r2Wait, time.Millisecond, "the dead segment goes once the Range is over")
+	}, settleWait, time.Millisecond, "the dead segment goes once the Range is over")
 }
 
 // A log of tiny, all-live records (a backlog nobody consumes, in small
@@ -439,9 +670,9 @@ func TestReview3NoBusyLoopWhileReaderPinsDeadSegment(t *testing.T) {
 // oldest segment whatever it holds. The rewrite must converge (the compacted
 // records are dense) and stop: no unbounded write amplification while the
 // backlog grows, and no compaction at all once nothing changes.
-func TestReview3AllLiveTinyRecordsSettle(t *testing.T) {
+func TestAllLiveTinyRecordsSettle(t *testing.T) {
 	const segSize = 16 << 10
-	fs := &r3FS{fileSystem: &faultFS{noSync: true}}
+	fs := &readFaultFS{fileSystem: &faultFS{noSync: true}}
 	l := openT(t, t.TempDir(), Options{SegmentSize: segSize}, fs)
 	const n = 6000
 	want := map[string]string{}
@@ -480,7 +711,7 @@ func TestReview3AllLiveTinyRecordsSettle(t *testing.T) {
 // key that changes now and then: the directory stays bounded by about twice
 // the live data, compaction moves the long-lived values along (compaction
 // records compacted again), and everything survives a reopen.
-func TestReview3BoundedDiskHugeValues(t *testing.T) {
+func TestBoundedDiskWithValuesLargerThanASegment(t *testing.T) {
 	const (
 		segSize = 8 << 10
 		huge    = 3*segSize + 123
@@ -526,52 +757,14 @@ func TestReview3BoundedDiskHugeValues(t *testing.T) {
 	assert.True(t, maps.Equal(want, contents(t, l)), "the live values after a reopen")
 }
 
-// After a burst of Commits raised the cohort, the load turns to CommitAsync
-// only (acknowledgements). A CommitAsync wakes the writer with a request
-// that has no committer behind it, and awaitCohort then waits for the gone
-// cohort (need = cohort, not cohort-1, as the waking request is not a
-// committer) until its timer; writeGroup never lowers the cohort for a group
-// without waiters or sync, so this repeats on every wake: "one wait ends at
-// its timer and the next ones wait only for those that came" does not hold,
-// and each async batch becomes visible (and is written) a timer late.
-func TestReview3AsyncWakeDoesNotWaitForGoneCohort(t *testing.T) {
-	old := maxCohortWait
-	maxCohortWait = 400 * time.Millisecond // registered before openT: restored after Close
-	t.Cleanup(func() { maxCohortWait = old })
-	fs := &faultFS{noSync: true}
-	l := openT(t, t.TempDir(), Options{}, fs)
-	const slowSync = 100 * time.Millisecond
-	// A slow disk: every fdatasync takes 100ms (lastSync).
-	r2Burst(t, l, fs, 20, func() { time.Sleep(slowSync) })
-	var late []time.Duration
-	for i := range 3 {
-		k := fmt.Sprint("async", i)
-		syncs := fs.syncs.Load()
-		start := time.Now()
-		require.NoError(t, l.CommitAsync(r2Batch(k, "v")))
-		require.Eventually(t, func() bool {
-			_, ok, err := l.Get([]byte(k))
-			require.NoError(t, err)
-			return ok
-		}, r2Wait, 100*time.Microsecond)
-		if d := time.Since(start); d >= slowSync {
-			late = append(late, d)
-		}
-		// Let the background sync of the batch (100ms after its write) finish
-		// before the next round, so that the writer is idle when it starts.
-		require.Eventually(t, func() bool { return fs.syncs.Load() > syncs }, r2Wait, time.Millisecond)
-	}
-	assert.LessOrEqual(t, len(late), 1, "CommitAsync batches written late (the writer slept for a gone cohort each time): %v", late)
-}
-
 // With segments so small that each holds one record, the per-segment
 // framing (a 32-byte header, a 28-byte record prefix) outweighs small live
 // values, so the directory stays above "twice the live data plus two
 // segments" whatever compaction does: rewriting the oldest segment's one
 // record makes one new segment of the same size. An idle log must still
 // settle: no compaction, no segment churn, once nothing changes.
-func TestReview3TinySegmentsIdleSettle(t *testing.T) {
-	fs := &r3FS{fileSystem: &faultFS{noSync: true}}
+func TestTinySegmentsSettleWhenIdle(t *testing.T) {
+	fs := &readFaultFS{fileSystem: &faultFS{noSync: true}}
 	l := openT(t, t.TempDir(), Options{SegmentSize: 100}, fs)
 	want := map[string]string{}
 	for i := range 10 {

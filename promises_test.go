@@ -1,0 +1,211 @@
+package tinymq_test
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// promises is the index of the README's promises (its Guarantees and
+// Durability sections, one row per paragraph or per sentence that promises
+// something on its own) and the tests that prove each. A name prefixed
+// "wal." is a test of internal/wal. TestEveryPromiseHasATest keeps the index
+// true: a test renamed or removed without updating this table fails it.
+var promises = []struct {
+	promise string
+	tests   []string
+}{
+	// Guarantees
+	{"By default TinyMQ keeps messages in memory; queues registered WithDurable() on an MQ with WithDataDir(dir) keep their messages in a write-ahead log", []string{
+		"TestDurableMessagesSurviveARestart", "TestDurableNeedsANameAndADataDir",
+	}},
+	{"Accepted means accounted for: Publish returns nil only when every queue the message routes to has accepted it; otherwise no queue has it (all or nothing, also under a concurrent Stop)", []string{
+		"TestStopRacingPublishersLosesNothing", "TestPublishRacingStopOrShutdownEndsEveryAcceptedMessageOnce",
+		"TestMaxLenRejectPublishIsAllOrNothing", "TestRoutingValidation",
+	}},
+	{"An accepted message ends in exactly one way (succeeded, dead-lettered, dropped, undelivered), each counted in Stats()", []string{
+		"TestStressEveryAcceptedMessageEndsOnce", "TestTortureLedger", "TestStatsReconcile",
+		"TestDeadMessagesWithoutDeadLetterExchangeAreLoggedAndCounted", "TestStopBeforeStart",
+		"TestShutdownDeadlineCancelsConsumersAndCountsUndelivered",
+	}},
+	{"Delivery: each queue bound at the moment of Publish gets the message once (its own Msg, sharing Data and Headers)", []string{
+		"TestFanoutDeliversEveryAcceptedMessageOnceToEveryQueue", "TestEveryQueueGetsItsOwnCopySharingData",
+		"TestEachQueueOwnsItsMsg", "TestConsumersMayKeepAndModifyTheirMsg", "TestKeptMsgIsUntouchedByRetryAndDeadLetter",
+		"TestQueueRegisteredWhilePublishingGetsEveryLaterMessage", "TestTopicQueueWithSeveralMatchingBindingsGetsOneCopy",
+	}},
+	{"Without WithRetry the consumer is called once; with WithRetry a message is redelivered after an error or a panic until it succeeds or uses its attempts; Permanent(err) skips the remaining attempts", []string{
+		"TestRetryBackoffIsExponentialCappedAndDeadLetters", "TestPermanentErrorsAndPanics",
+		"TestPermanentAnywhereInTheChainSkipsRetries", "TestRetryDeliversACopy", "TestRetriedMsgIsACopyThatStaysInItsQueue",
+		"TestRetriesOfOnePublishAreIsolatedPerQueue", "TestEveryConsumerFormRetriesDeadLettersAndCountsFailuresAlike",
+	}},
+	{"An expired message is never handed to a consumer; at the head of its queue it is dead-lettered with reason expired at once, even while every consumer is busy; only the head is watched", []string{
+		"TestTTLExpiredMessagesNeverReachTheConsumer", "TestExpiryAtTheHeadIsOnTime", "TestShortTTLBehindALongOneWaits",
+	}},
+	{"Counts: Depth and the limit of WithMaxLen count every message that waits (ready, taken in a batch but not begun, delayed or retrying), not the ones in a consumer", []string{
+		"TestDepthCountsMessagesTakenInABatch", "TestMaxLenCountsEveryWaitingMessage",
+	}},
+	{"A retry that finds its queue full makes room as a publish would (DropHead evicts the oldest, otherwise reason maxlen)", []string{
+		"TestRetryIntoAFullQueueKeepsTheLimit", "TestMaxLenDropHeadDeadLettersTheOldest",
+	}},
+	{"A slow message never holds back the ones taken with it in a batch while a worker is idle", []string{
+		"TestSlowMessageDoesNotHoldItsBatch", "TestBlockedBatchIsTakenByIdleWorkers",
+		"TestIdleWorkersWakeForMessagesThatArrive", "TestIdleWorkerStealsFromABatch",
+	}},
+	{"The sums of Stats() hold exactly once a queue is idle, and InFlight never exceeds the queue's concurrency", []string{
+		"TestStatsAreExactUnderConcurrentLoad", "TestStatsSnapshotsStayConsistentWhileMessagesMove",
+		"TestStatsWhileEveryWorkerIsBlocked", "TestInFlightNeverExceedsConcurrency", "TestHandlerStatsAreExactUnderConcurrency",
+		"TestPublishedCountsOnlyAcceptedDeadLetters",
+	}},
+	{"Dead-lettering follows RabbitMQ: one death record per queue and reason with a Count; a second death increments it and moves it to the front, keeping the first's exchange, routing key, message ID and time", []string{
+		"TestDeathRecordsCountLaps", "TestDeathCountDoesNotRewriteEarlierCopies", "TestDeathRecordsAreIsolatedPerQueue",
+	}},
+	{"A dead letter is not all or nothing: a full or shut target queue does not get its copy, the others do", []string{
+		"TestDeadLetterRefusedByOneFullQueueReachesTheOthers", "TestPublishedCountsOnlyAcceptedDeadLetters",
+	}},
+	{"Cycles are broken per target queue unless a death since then was a rejection; a message that failed and then expired while backing off keeps its last error", []string{
+		"TestExpiryDeadLetterCycleIsBroken", "TestTwoQueueExpiryCycleDropsOnlyTheCyclingCopy",
+		"TestCycleThroughARejectionIsNotBroken", "TestExpiredWhileBackingOffKeepsItsLastError",
+	}},
+	{"Ordering: with concurrency 1, a queue delivers in publish order; a retried message goes to the back when its backoff ends; a delayed message joins when its delay ends", []string{
+		"TestConcurrencyOneDeliversInPublishOrder", "TestDelayedDelivery", "TestRetryDoesNotHoldTheWorker",
+	}},
+	{"With concurrency above 1 the workers run side by side", []string{
+		"TestExactlyConcurrencyWorkers", "TestConcurrencyNRunsNConsumersSideBySide",
+	}},
+	{"Publishing never waits for a consumer, and one slow queue never delays another, unless WithMaxLen(n, Block); a drained queue gives its memory back", []string{
+		"TestPublishNeverBlocksOnASlowQueue", "TestMaxLenBlockWaitsForRoomUntilTheContextEnds",
+		"TestQueueGivesMemoryBackAfterDraining", "TestFIFOGivesMemoryBackWhenDrained",
+	}},
+	{"User code cannot crash or freeze the MQ: a panic in a consumer is recovered for that message alone, logged with exchange, queue, message ID, attempt and stack, counted, and retried like an error", []string{
+		"TestPanicAndErrorAreRecoveredPerMessageAndLogged", "TestPanicErrorInAnErrorChainIsLoggedWithItsStack",
+		"TestPanicErrorUnwrapsAnErrorValue",
+	}},
+	{"A typed nil error fails with ErrTypedNil; runtime.Goexit fails with ErrGoexit and a new goroutine takes the worker's place", []string{
+		"TestHandlerGoexitKeepsTheWorkerSlot", "TestEdgeErrorsAndPanicsSettleOnce", "TestReentrancy",
+	}},
+	{"The consumer's error (or panic value) is read once while the worker is guarded; an error or panic value whose methods panic or Goexit is contained, as are a logger and a codec that panic", []string{
+		"TestConsumerErrorIsReadOnce", "TestPanicValueWithHostileMethodsIsContained", "TestHostilePanicValueKeepsItsMeaning",
+		"TestPanicValueWhoseStringCallsShutdownIsContained", "TestHostileCodec", "TestReentrancy",
+	}},
+	{"From a consumer, filter or logger you may call anything; Stop or Shutdown called there begin the stop and return at once (Shutdown returns ErrCalledFromConsumer)", []string{
+		"TestReentrancy", "TestStopAndShutdownFromATypedConsumerReturnAtOnce",
+		"TestCodecPublishingDuringAnIDReservationDoesNotFreeze", "TestConcurrentRegistrationPublishingAndStats",
+	}},
+	{"Inputs that could never work are refused at the call that made them, with a sentinel error; durations past the year 2262 saturate", []string{
+		"TestBadInputNeverPanics", "TestBadInputGetsSentinelErrors", "TestDeliveryOptionValidation",
+		"TestHeadersBoundedInExpandedSize", "TestHugeDurationsSaturate", "TestFailedRegistrationChangesNothing",
+	}},
+	{"Stop and Shutdown stop accepting at once (ErrStopped; blocked publishers are released), deliver everything already accepted, including delayed and retrying messages and dead letters, and wait for every worker", []string{
+		"TestStopReleasesBlockedPublishers", "TestStopIsIdempotentAndConcurrent", "TestShutdownReturnsNilWhenDrained",
+		"TestTypedFormsRetriesWaitingAtStopOrShutdown", "TestHandlerStopAndShutdown",
+	}},
+	{"Shutdown(ctx) when ctx ends first cancels the consumers' context, drops what no worker has begun, and returns an error wrapping ErrUndelivered and ctx.Err()", []string{
+		"TestShutdownDeadlineCancelsConsumersAndCountsUndelivered", "TestShutdownCountsScheduledMessagesAsUndelivered",
+		"TestShutdownDeadlineClearsScheduledMessages", "TestShutdownOfAnIdleMQWithAnEndedContextIsClean",
+	}},
+	{"Cancelling the context given to Start stops as Stop does; Stop before Start drops what was published and logs how much", []string{
+		"TestCancellingStartContextStopsLikeStop", "TestStopBeforeStart", "TestPublishBeforeStartIsDeliveredAfterStart",
+	}},
+
+	// Durability
+	{"A Publish that reached a durable queue returned nil only once the message was on disk", []string{
+		"TestAcceptedDurablePublishesSurviveARestart", "TestDurablePublishHoldsNoLockAcrossItsSync", "TestCrash",
+	}},
+	{"On the next Start every message its consumer had not acknowledged is delivered again, with Msg.Redelivered set, including those a Shutdown deadline left", []string{
+		"TestDurableMessagesSurviveARestart", "TestOnlyUnacknowledgedMessagesComeBack",
+		"TestOnlyTheQueueThatDidNotAcknowledgeRedelivers", "TestDurableAcksOfSharedMessagesSurviveARestart",
+		"TestDurableQueueOnTwoExchangesAcknowledgesEachApart", "TestDurableMessageRetriedThenSucceededIsNotRedelivered",
+		"TestDurableFailureWithoutRetryIsAcknowledged", "TestDurableShutdownDeadlineLosesNothingAcrossARestart",
+		"TestDurableMessageFailingAfterTheDeadlineStaysInTheLog", "TestShutdownDeadlineReleasesTheDataDir",
+	}},
+	{"Retry attempts and backoffs, delays, TTL deadlines and death records survive with it", []string{
+		"TestRetryAttemptsSurviveARestart", "TestRetryAttemptsSurviveSeveralRestarts",
+		"TestDurableRetriesStayIsolatedPerQueueAcrossARestart", "TestDelaysAndDeadlinesSurviveARestart",
+	}},
+	{"A length limit applies to what a durable queue restores", []string{
+		"TestLengthLimitAppliesToRestoredMessages", "TestDurableLengthLimitsKeepTheLogInStep",
+	}},
+	{"Moving a message to a durable dead-letter queue is one log record: after a crash it is in exactly one of the two", []string{
+		"TestDeadLetterMoveIsAtomic", "TestDeadLetterOfADurableQueueKeepsItsType",
+	}},
+	{"Message IDs stay unique across restarts", []string{
+		"TestIDsStayUniqueAcrossRestarts",
+	}},
+	{"Messages of a durable queue that is not registered again stay on disk, are logged at Start and shown in Stats() (Unregistered), and are never deleted unasked", []string{
+		"TestUnregisteredDurableQueueIsShownNotDeleted", "TestDurableBacklogUnderAnInMemoryQueueStaysVisible",
+	}},
+	{"After a process crash nothing confirmed is lost, under either sync policy; after a power loss nothing confirmed is lost with the default policy", []string{
+		"TestCrash", "wal.TestUnsyncedWriteHole", "wal.TestSyncInterval", "wal.TestCommitAsyncOrderAndDurability",
+	}},
+	{"Data: a durable message is encoded once per publish, before any lock; its consumer receives Data as a tinymq.Encoded every time, and a Handler[T] consumer its T", []string{
+		"TestDurableDataIsEncodedEveryTime", "TestHostileCodec", "TestTypedFormsOnADurableQueueGetEncodedData",
+		"TestDeliveryHandlerOnADurableQueue", "TestJSONCodecBytesAsEncodingJSON",
+	}},
+	{"A message is at most WithMaxMessageSize(n) bytes: over it, it is refused with ErrTooLarge before anything is copied or encoded, on every queue", []string{
+		"TestMaxMessageSize", "TestDurableMaxMessageSize",
+	}},
+	{"Disk errors: a full disk or a failed write or fsync makes Publish return an error wrapping ErrLog and no queue takes the message; after a failed fsync every durable publish fails until a restart", []string{
+		"TestDiskFaults", "wal.TestFailedSync", "wal.TestFailedWrite", "wal.TestFailedRoll", "wal.TestNoCallHangsAfterAFailure",
+	}},
+	{"A second MQ opening the same directory gets ErrLocked; a refused open keeps nothing", []string{
+		"TestDataDirIsLocked", "TestRefusedOpenKeepsNothingAndARetrySucceeds",
+		"wal.TestLockSameProcess", "wal.TestLockOtherProcess", "wal.TestRefusedOpenKeepsNothing",
+	}},
+	{"The log: segment files with a versioned header, length-prefixed records with CRC-32C", []string{
+		"wal.TestRecordCRCMatchesSpec", "wal.FuzzDecodeRecord", "wal.TestSegmentNames", "wal.TestVersion1LogWithoutTrimRecordsOpens",
+	}},
+	{"Segments whose messages are all acknowledged are deleted, and one held by a few long-lived messages is compacted, so a steady load does not grow the directory", []string{
+		"wal.TestBoundedDisk", "wal.TestCompaction", "wal.TestBoundedDiskBehindAMostlyLiveOldestSegment",
+		"wal.TestBoundedDiskWithValuesLargerThanASegment", "wal.TestCompactionChunkBoundaries",
+	}},
+	{"A torn tail left by a crash is cut on open; corruption before the tail is refused with an error naming the file and offset (the log package can repair it)", []string{
+		"wal.TestTruncateEveryOffset", "wal.TestFlipEveryByte", "wal.TestRepair", "wal.TestMissingOldestSegment",
+		"wal.TestMergedAsyncBatchesStayAtomicUnderATornTail", "TestCorruptLogIsRefusedUnlessRepaired",
+	}},
+}
+
+// TestEveryPromiseHasATest fails if a test named in promises does not exist,
+// so that the index cannot rot.
+func TestEveryPromiseHasATest(t *testing.T) {
+	have := map[string]bool{}
+	for prefix, dir := range map[string]string{"": ".", "wal.": filepath.Join("internal", "wal")} {
+		files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no test files in %s (%v)", dir, err)
+		}
+		fset := token.NewFileSet()
+		for _, f := range files {
+			af, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range af.Decls {
+				if fd, ok := d.(*ast.FuncDecl); ok && fd.Recv == nil {
+					have[prefix+fd.Name.Name] = true
+				}
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, p := range promises {
+		if len(p.tests) == 0 {
+			t.Errorf("promise %q: no test", p.promise)
+		}
+		if seen[p.promise] {
+			t.Errorf("promise %q listed twice", p.promise)
+		}
+		seen[p.promise] = true
+		for _, name := range p.tests {
+			short := strings.TrimPrefix(name, "wal.")
+			if !strings.HasPrefix(short, "Test") && !strings.HasPrefix(short, "Fuzz") {
+				t.Errorf("promise %q: %s is not a test name", p.promise, name)
+			}
+			if !have[name] {
+				t.Errorf("promise %q: test %s does not exist", p.promise, name)
+			}
+		}
+	}
+}
