@@ -3,8 +3,9 @@ package tinymq
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"time"
+
+	"github.com/tinymq/tinymq/internal/backoff"
 )
 
 // RetryPolicy says how often and when a queue delivers a message again after
@@ -55,23 +56,12 @@ func (p RetryPolicy) normalize() (RetryPolicy, error) {
 	return p, nil
 }
 
-// Backoff returns the wait after the given failed attempt (1 for the first),
-// before jitter: InitialBackoff * Multiplier^(attempt-1), at most MaxBackoff.
-// The policy must be normalized.
+// backoff returns the wait after the given failed attempt (1 for the first),
+// jitter included: InitialBackoff * Multiplier^(attempt-1), at most
+// MaxBackoff, less a random fraction of it, at most Jitter (internal/backoff,
+// which every engine uses). The policy must be normalized.
 func (p RetryPolicy) backoff(attempt int) time.Duration {
-	d := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(attempt-1))
-	if d >= float64(p.MaxBackoff) || math.IsInf(d, 0) || math.IsNaN(d) {
-		d = float64(p.MaxBackoff)
-	}
-	if p.Jitter > 0 {
-		d -= d * p.Jitter * rand.Float64()
-	}
-	// float64(MaxInt64) rounds up to 2^63, which does not convert back to a
-	// Duration: saturate rather than wrap around to a negative wait.
-	if d >= math.MaxInt64 {
-		return p.MaxBackoff
-	}
-	return time.Duration(d)
+	return backoff.Policy{Initial: p.InitialBackoff, Max: p.MaxBackoff, Multiplier: p.Multiplier, Jitter: p.Jitter}.Wait(attempt)
 }
 
 type permanentError struct{ err error }

@@ -1,9 +1,9 @@
 package tinymq
 
 import (
-	"math/bits"
-	"sync/atomic"
 	"time"
+
+	"github.com/tinymq/tinymq/internal/hist"
 )
 
 // Stats is a snapshot of an MQ's counters, from [MQ.Stats].
@@ -146,55 +146,10 @@ func (q *queue) stats() QueueStats {
 	return qs
 }
 
-// histogram counts durations in power-of-two buckets of nanoseconds: bucket i
-// holds durations below 2^(i+minShift), the last one everything longer.
-type histogram struct {
-	buckets [histBuckets]atomic.Uint64
-	count   atomic.Uint64
-	sum     atomic.Uint64
-	max     atomic.Int64
-}
+// histogram is a queue's consumer-time histogram: the one every engine
+// keeps (internal/hist), so that DurationStats means the same on each.
+type histogram struct{ hist.Histogram }
 
-const (
-	minShift    = 10 // bucket 0: under 1.024µs
-	histBuckets = 32 // bucket 31: 36 minutes and more
-)
+func (h *histogram) observe(d time.Duration) { h.Observe(d) }
 
-func (h *histogram) observe(d time.Duration) {
-	if d < 0 {
-		d = 0
-	}
-	i := min(bits.Len64(uint64(d)>>minShift), histBuckets-1)
-	h.buckets[i].Add(1)
-	h.count.Add(1)
-	h.sum.Add(uint64(d))
-	for cur := h.max.Load(); int64(d) > cur && !h.max.CompareAndSwap(cur, int64(d)); cur = h.max.Load() {
-	}
-}
-
-func (h *histogram) snapshot() DurationStats {
-	var counts [histBuckets]uint64
-	var total uint64
-	for i := range counts {
-		counts[i] = h.buckets[i].Load()
-		total += counts[i]
-	}
-	ds := DurationStats{Samples: total, Max: time.Duration(h.max.Load())}
-	if total == 0 {
-		return ds
-	}
-	ds.Mean = time.Duration(h.sum.Load() / max(h.count.Load(), 1))
-	quantile := func(p float64) time.Duration {
-		target := uint64(p*float64(total) + 0.5)
-		var cum uint64
-		for i, c := range counts {
-			cum += c
-			if cum >= max(target, 1) {
-				return min(time.Duration(1)<<(i+minShift), ds.Max)
-			}
-		}
-		return ds.Max
-	}
-	ds.P50, ds.P90, ds.P99 = quantile(0.50), quantile(0.90), quantile(0.99)
-	return ds
-}
+func (h *histogram) snapshot() DurationStats { return DurationStats(h.Snapshot()) }

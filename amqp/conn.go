@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/internal/guard"
 )
 
 // errEngineStopped is what waits for a connection return once the engine
@@ -34,8 +34,9 @@ func (e *engine) ensureRunning() {
 // is closed. Started by ensureRunning; joined by finish (supWG).
 func (e *engine) supervise() {
 	defer e.supWG.Done()
-	defer e.own.leave(e.own.enter()) // it logs: the logger may call Stop
-	backoff := e.cfg.minBackoff
+	defer e.own.Leave(e.own.Enter()) // it logs: the logger may call Stop
+	// failed counts the attempts since the last connection that came up.
+	failed := 0
 	for {
 		connected, err := e.session()
 		select {
@@ -44,14 +45,15 @@ func (e *engine) supervise() {
 		default:
 		}
 		if connected {
-			backoff = e.cfg.minBackoff
+			failed = 0
 		}
+		failed++
 		e.mu.Lock()
 		e.lastErr = err
 		e.mu.Unlock()
-		wait := backoff/2 + rand.N(backoff/2+1)
+		wait := e.cfg.reconnect.Wait(failed)
 		e.logWarn("tinymq/amqp: no connection to the broker; reconnecting",
-			"err", errText(err), "backoff", wait)
+			"err", guard.ErrorText(err), "backoff", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -59,7 +61,6 @@ func (e *engine) supervise() {
 			t.Stop()
 			return
 		}
-		backoff = min(2*backoff, e.cfg.maxBackoff)
 	}
 }
 

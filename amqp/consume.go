@@ -2,12 +2,9 @@ package amqp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"math/rand/v2"
-	"reflect"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -16,6 +13,9 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/internal/backoff"
+	"github.com/tinymq/tinymq/internal/guard"
+	"github.com/tinymq/tinymq/internal/hist"
 )
 
 // cqueue is one registered queue and its consumer.
@@ -43,25 +43,29 @@ type cqueue struct {
 
 	inFlight atomic.Int64
 	c        queueCounters
-	hist     histogram
+	hist     hist.Histogram // the core's buckets: ConsumerTime means the same on both engines
 }
 
 type queueCounters struct {
 	delivered, succeeded, failed, retried, deadLettered, dropped atomic.Uint64
 }
 
+// retryBackoff is the backoff of a queue's retry policy, computed as the
+// core computes it.
+func retryBackoff(p tinymq.RetryPolicy) backoff.Policy {
+	return backoff.Policy{Initial: p.InitialBackoff, Max: p.MaxBackoff, Multiplier: p.Multiplier, Jitter: p.Jitter}
+}
+
 // retryWaits returns the backoffs of a policy before jitter, in ms, by failed
 // attempt, up to the first that reaches MaxBackoff: every later attempt
 // waits as long (see waitFor).
 func retryWaits(p tinymq.RetryPolicy) []int64 {
+	b := retryBackoff(p)
 	var waits []int64
 	for a := 1; a < p.MaxAttempts; a++ {
-		d := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(a-1))
-		if d >= float64(p.MaxBackoff) || math.IsInf(d, 0) {
-			d = float64(p.MaxBackoff)
-		}
-		waits = append(waits, millis(time.Duration(d)))
-		if d >= float64(p.MaxBackoff) {
+		d := b.Base(a)
+		waits = append(waits, millis(d))
+		if d >= p.MaxBackoff {
 			break // every later wait is the same
 		}
 	}
@@ -89,13 +93,14 @@ func newQueue(e *engine, spec tinymq.QueueSpec, prefetch int) *cqueue {
 // run is the queue's manager (see cqueue).
 func (q *cqueue) run(ctx context.Context) {
 	defer q.e.mgrWG.Done()
-	defer q.e.own.leave(q.e.own.enter()) // it logs: the logger may call Stop
+	defer q.e.own.Leave(q.e.own.Enter()) // it logs: the logger may call Stop
 	for range q.spec.Concurrency {
 		q.workers.Add(1)
 		q.e.wrkWG.Add(1)
 		go q.work(ctx)
 	}
-	backoff := q.e.cfg.minBackoff
+	// failed counts the attempts since the last that got as far as consuming.
+	failed := 0
 	for {
 		conn, lost, ok := q.e.waitSub()
 		if !ok {
@@ -106,15 +111,15 @@ func (q *cqueue) run(ctx context.Context) {
 			return
 		}
 		if consumed {
-			backoff = q.e.cfg.minBackoff
+			failed = 0
 		}
-		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		failed++
+		t := time.NewTimer(q.e.cfg.reconnect.Wait(failed))
 		select {
 		case <-t.C:
 		case <-q.e.stop:
 			t.Stop()
 		}
-		backoff = min(2*backoff, q.e.cfg.maxBackoff)
 	}
 	q.setStopping()
 	q.awaitWorkers()
@@ -147,7 +152,7 @@ func (q *cqueue) consume(conn *amqp091.Connection, lost <-chan struct{}) (stoppe
 	select {
 	case <-lost:
 	case aerr := <-closed:
-		q.e.logWarn("tinymq/amqp: consumer channel closed; consuming again", "queue", q.spec.Name, "err", errText(aerr))
+		q.e.logWarn("tinymq/amqp: consumer channel closed; consuming again", "queue", q.spec.Name, "err", guard.ErrorText(aerr))
 	case _, ok := <-cancelled:
 		if !ok {
 			return false, true // the channel closed: closed or lost says why
@@ -234,10 +239,10 @@ func (q *cqueue) next() (d amqp091.Delivery, stopping, ok bool) {
 // runtime.Goexit (as t.FailNow does) fails its delivery, and a new goroutine
 // takes over the slot, so the queue keeps its workers.
 func (q *cqueue) work(ctx context.Context) {
-	id := q.e.own.enter()
+	id := q.e.own.Enter()
 	returned := false
 	defer func() {
-		q.e.own.leave(id)
+		q.e.own.Leave(id)
 		if !returned {
 			// Neither count has reached 0: this goroutine has not called Done.
 			q.workers.Add(1)
@@ -273,13 +278,16 @@ func (q *cqueue) handle(ctx context.Context, d *amqp091.Delivery) {
 }
 
 func (q *cqueue) done(start time.Time) {
-	q.hist.observe(time.Since(start))
+	q.hist.Observe(time.Since(start))
 	q.inFlight.Add(-1)
 }
 
-// process runs the consumer, turning a panic into a *tinymq.PanicError and a
-// typed nil error into one wrapping tinymq.ErrTypedNil. If the consumer calls
-// runtime.Goexit, process settles the delivery itself with
+// process runs the consumer and returns its error frozen (see freezer), as
+// the core does: a panic becomes a *tinymq.PanicError whose value is its
+// text, a typed nil error one wrapping tinymq.ErrTypedNil, and any other
+// error one whose methods never run the consumer's code again, so that
+// settle and logMsg cannot. If the consumer calls runtime.Goexit (or its
+// error's methods do), process settles the delivery itself with
 // tinymq.ErrGoexit, as the goroutine will not return to do it.
 func (q *cqueue) process(ctx context.Context, d *amqp091.Delivery, m *tinymq.Msg, start time.Time) (err error) {
 	returned := false
@@ -288,27 +296,29 @@ func (q *cqueue) process(ctx context.Context, d *amqp091.Delivery, m *tinymq.Msg
 			return
 		}
 		if r := recover(); r != nil {
-			err = &tinymq.PanicError{Value: r, Stack: debug.Stack()}
+			err = freezer.FreezeAside(&q.e.own, &tinymq.PanicError{Value: r, Stack: debug.Stack()})
 			return
 		}
 		q.done(start)
 		q.settle(d, m, fmt.Errorf("%w (queue %q)", tinymq.ErrGoexit, q.spec.Name))
 	}()
 	err = q.spec.Consumer(ctx, m)
-	returned = true
-	if err != nil && isNil(err) {
-		err = fmt.Errorf("%w: the consumer returned a nil %T", tinymq.ErrTypedNil, err)
+	if err != nil {
+		err = freezer.Freeze(err) // still guarded: its methods may call Goexit too
 	}
+	returned = true
 	return err
 }
 
-func isNil(err error) bool {
-	v := reflect.ValueOf(err)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
+// freezer freezes consumers' errors into the core's types, as the core does.
+var freezer = guard.Freezer[*tinymq.PanicError]{
+	TypedNil:  tinymq.ErrTypedNil,
+	Permanent: tinymq.ErrPermanent,
+	Panicked:  tinymq.ErrPanicked,
+	Unpack:    func(pe *tinymq.PanicError) (any, []byte) { return pe.Value, pe.Stack },
+	Pack: func(text string, stack []byte) *tinymq.PanicError {
+		return &tinymq.PanicError{Value: text, Stack: stack}
+	},
 }
 
 // settle acks a success; retries a failure through a wait queue, then acks;
@@ -332,7 +342,7 @@ func (q *cqueue) settle(d *amqp091.Delivery, m *tinymq.Msg, err error) {
 		return
 	default:
 	}
-	if m.Attempt < q.spec.Retry.MaxAttempts && !isPermanent(err) {
+	if m.Attempt < q.spec.Retry.MaxAttempts && !guard.Is(err, tinymq.ErrPermanent) {
 		if rerr := q.retry(d, m); rerr != nil {
 			q.logMsg(slog.LevelError, m, "tinymq/amqp: delivery failed and its retry could not be scheduled; the broker delivers it again at once", err,
 				slog.String("retry_err", rerr.Error()))
@@ -365,8 +375,8 @@ func (q *cqueue) settle(d *amqp091.Delivery, m *tinymq.Msg, err error) {
 // and its routing key, and waits for the broker's confirm.
 func (q *cqueue) retry(d *amqp091.Delivery, m *tinymq.Msg) error {
 	wait, ms := q.waitFor(m.Attempt)
-	if j := q.spec.Retry.Jitter; j > 0 {
-		ms = max(1, ms-int64(float64(ms)*j*rand.Float64()))
+	if q.spec.Retry.Jitter > 0 {
+		ms = millis(retryBackoff(q.spec.Retry).Jittered(time.Duration(ms) * time.Millisecond))
 	}
 	h := make(amqp091.Table, len(d.Headers)+4)
 	for k, v := range d.Headers {
@@ -407,20 +417,10 @@ func (q *cqueue) logMsg(level slog.Level, m *tinymq.Msg, msg string, err error, 
 		slog.Uint64("msg_id", m.ID),
 		slog.Int("attempt", m.Attempt))
 	if err != nil {
-		attrs = append(attrs, slog.String("err", errText(err)))
-		var pe *tinymq.PanicError
-		if asPanic(err, &pe) {
+		attrs = append(attrs, slog.String("err", guard.ErrorText(err)))
+		if pe, _ := guard.As[*tinymq.PanicError](err); pe != nil {
 			attrs = append(attrs, slog.String("stack", string(pe.Stack)))
 		}
 	}
 	q.e.logAttrs(level, msg, append(attrs, extra...)...)
-}
-
-func asPanic(err error, pe **tinymq.PanicError) (ok bool) {
-	defer func() {
-		if recover() != nil {
-			ok = false
-		}
-	}()
-	return errors.As(err, pe)
 }

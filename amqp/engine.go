@@ -10,6 +10,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/internal/guard"
 )
 
 // Engine returns the option that makes a [tinymq.MQ] run on the RabbitMQ
@@ -69,7 +70,10 @@ func Engine(url string, opts ...Option) tinymq.Option {
 //   - each queue's workers (cqueue.work): started by its manager, joined by
 //     the manager and by finish (wrkWG);
 //   - finish: started by the first Shutdown, joined by every Shutdown, which
-//     waits for done.
+//     waits for done;
+//   - guards (own.Guard): one per log line and per consumer panic whose
+//     value is asked for its text, started and joined by the goroutine that
+//     logs or recovered the panic, which waits for it.
 //
 // Lock order: declMu, then topoMu, then mu, then a cqueue's mu. No lock is
 // held while user code runs; only declMu is held across network calls.
@@ -122,7 +126,7 @@ type engine struct {
 
 	// own holds the goroutines that run user code (consumers, the logger),
 	// so that a Stop they call does not wait for themselves.
-	own owned
+	own guard.Owned
 }
 
 type exchangeState struct {
@@ -295,7 +299,7 @@ func (e *engine) Shutdown(ctx context.Context) error {
 		close(e.stop)
 		go e.finish() // joined by every Shutdown through done
 	})
-	if e.own.mine() {
+	if e.own.Mine() {
 		return tinymq.ErrCalledFromConsumer
 	}
 	select {
@@ -366,19 +370,32 @@ func (e *engine) redeclareAll(conn *amqp091.Connection) {
 	}
 }
 
-// The logger is user code (its handler): a panic in it must not take down a
-// worker or the supervisor.
+// logAttrs logs msg at level with attrs. The logger is user code (its
+// handler), so it runs through own.Guard, as the core's does: a panic in it is
+// recovered and forgotten, a runtime.Goexit ends only the guard's goroutine,
+// never a worker or the supervisor, and a logger that calls Stop does not
+// wait for itself. The caller holds no lock. A logger that discards costs
+// nothing; otherwise a line costs a goroutine (about a microsecond), and
+// lines are written only on failures and reconnects.
 func (e *engine) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
-	defer func() { _ = recover() }()
-	ctx := context.Background()
-	if e.log.Enabled(ctx, level) {
-		e.log.LogAttrs(ctx, level, msg, attrs...)
+	if e.log.Handler() == slog.DiscardHandler {
+		return
 	}
+	e.own.Guard(func() {
+		ctx := context.Background()
+		if e.log.Enabled(ctx, level) {
+			e.log.LogAttrs(ctx, level, msg, attrs...)
+		}
+	})
 }
 
+// logKV is logAttrs with alternating keys and values, as slog.Logger.Log
+// takes them.
 func (e *engine) logKV(level slog.Level, msg string, kv ...any) {
-	defer func() { _ = recover() }()
-	e.log.Log(context.Background(), level, msg, kv...)
+	if e.log.Handler() == slog.DiscardHandler {
+		return
+	}
+	e.own.Guard(func() { e.log.Log(context.Background(), level, msg, kv...) })
 }
 
 func (e *engine) logInfo(msg string, kv ...any)  { e.logKV(slog.LevelInfo, msg, kv...) }

@@ -276,27 +276,3 @@ func (e *engine) toMsg(queue string, d *amqp091.Delivery) *tinymq.Msg {
 }
 
 func isNoRoute(err error) bool { return errors.Is(err, tinymq.ErrNoRoute) }
-
-// errText returns err's text; err is user code and may panic (a typed nil).
-func errText(err error) (s string) {
-	if err == nil {
-		return ""
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			s = fmt.Sprintf("%T (its Error method panicked: %v)", err, r)
-		}
-	}()
-	return err.Error()
-}
-
-// isPermanent reports whether err is a [tinymq.Permanent] error; err's Is and
-// Unwrap methods are user code.
-func isPermanent(err error) (ok bool) {
-	defer func() {
-		if recover() != nil {
-			ok = false
-		}
-	}()
-	return errors.Is(err, tinymq.ErrPermanent)
-}

@@ -6,6 +6,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/internal/backoff"
 )
 
 // Option configures the engine made by [Engine]. An invalid option does not
@@ -21,17 +22,15 @@ func (f optionFunc) apply(c *config) error { return f(c) }
 
 type config struct {
 	publishTimeout time.Duration
-	minBackoff     time.Duration
-	maxBackoff     time.Duration
-	prefetch       int // 0: each queue's concurrency
+	reconnect      backoff.Policy // the waits between attempts to connect or consume
+	prefetch       int            // 0: each queue's concurrency
 	amqp           amqp091.Config
 }
 
 func defaultConfig() config {
 	return config{
 		publishTimeout: 30 * time.Second,
-		minBackoff:     100 * time.Millisecond,
-		maxBackoff:     10 * time.Second,
+		reconnect:      reconnectBackoff(100*time.Millisecond, 10*time.Second),
 	}
 }
 
@@ -61,9 +60,14 @@ func WithReconnectBackoff(initial, maxWait time.Duration) Option {
 			return fmt.Errorf("%w: amqp.WithReconnectBackoff(%v, %v): need 0 < initial <= max",
 				tinymq.ErrInvalidOption, initial, maxWait)
 		}
-		c.minBackoff, c.maxBackoff = initial, maxWait
+		c.reconnect = reconnectBackoff(initial, maxWait)
 		return nil
 	})
+}
+
+// reconnectBackoff is the policy of WithReconnectBackoff(initial, maxWait).
+func reconnectBackoff(initial, maxWait time.Duration) backoff.Policy {
+	return backoff.Policy{Initial: initial, Max: maxWait, Multiplier: 2, Jitter: 0.5}
 }
 
 // WithPrefetch sets how many unacknowledged messages the broker hands each

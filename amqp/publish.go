@@ -9,6 +9,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/internal/guard"
 )
 
 // pubSession is one publishing channel in confirm mode. Its confirm loop
@@ -267,7 +268,7 @@ func (e *engine) ensureDelay(exchange string, d time.Duration) (string, error) {
 func (e *engine) encode(data any) (body []byte, contentType string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: the codec panicked: %v", tinymq.ErrPayloadType, r)
+			err = fmt.Errorf("%w: the codec panicked: %s", tinymq.ErrPayloadType, guard.ValueText(r))
 		}
 	}()
 	body, err = e.codec.Marshal(data)

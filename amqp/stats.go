@@ -1,10 +1,6 @@
 package amqp
 
 import (
-	"math/bits"
-	"sync"
-	"time"
-
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/tinymq/tinymq"
 )
@@ -68,7 +64,7 @@ func (e *engine) Stats() tinymq.Stats {
 			Retried:      q.c.retried.Load(),
 			DeadLettered: q.c.deadLettered.Load(),
 			Dropped:      q.c.dropped.Load(),
-			ConsumerTime: q.hist.stats(),
+			ConsumerTime: tinymq.DurationStats(q.hist.Snapshot()),
 		}
 		for _, w := range q.waitQs {
 			qs.Scheduled += depth(w)
@@ -86,53 +82,4 @@ func kindOf(s string) tinymq.ExchangeType {
 		}
 	}
 	return 0
-}
-
-// histogram keeps consumer times in power-of-two buckets of nanoseconds, as
-// the core does: quantiles are upper bounds within a factor of 2.
-type histogram struct {
-	mu      sync.Mutex
-	buckets [64]uint64
-	n       uint64
-	sum     time.Duration
-	max     time.Duration
-}
-
-func (h *histogram) observe(d time.Duration) {
-	d = max(d, 0)
-	b := bits.Len64(uint64(d))
-	h.mu.Lock()
-	h.buckets[min(b, 63)]++
-	h.n++
-	h.sum += d
-	h.max = max(h.max, d)
-	h.mu.Unlock()
-}
-
-func (h *histogram) stats() tinymq.DurationStats {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.n == 0 {
-		return tinymq.DurationStats{}
-	}
-	q := func(p float64) time.Duration {
-		want := uint64(p*float64(h.n) + 0.5)
-		want = max(want, 1)
-		var seen uint64
-		for b, c := range h.buckets {
-			seen += c
-			if seen >= want {
-				return min(time.Duration(uint64(1)<<b-1), h.max)
-			}
-		}
-		return h.max
-	}
-	return tinymq.DurationStats{
-		Samples: h.n,
-		Mean:    h.sum / time.Duration(h.n),
-		P50:     q(0.50),
-		P90:     q(0.90),
-		P99:     q(0.99),
-		Max:     h.max,
-	}
 }
