@@ -72,6 +72,9 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry) {
 			q.deadLetter(m, ReasonExpired, m.lastErr())
 			return
 		}
+		if !q.load(m) {
+			return
+		}
 		m.Attempt++
 	}
 	w.delivered.Add(1)
@@ -279,7 +282,7 @@ func (q *queue) retryLater(m *Msg, err error) {
 // there is none or it cannot route m, and logs which with the reason and the
 // consumer's last error (cause). Either way m has reached its end here.
 func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
-	if q.leftOnDisk(m, cause) {
+	if q.leftOnDisk(m, cause) || !q.load(m) {
 		return
 	}
 	death := Death{Reason: reason, Exchange: m.Exchange, Queue: q.name, RoutingKey: m.RoutingKey,

@@ -84,9 +84,9 @@ type durableLog struct {
 	codec Codec
 
 	mu        sync.Mutex
-	refs      map[string]*msgRefs        // message key -> the durable queues still holding it
-	recovered map[string][]*recoveredMsg // queue -> its messages found on disk, not yet registered
-	seqs      map[string]uint64          // exchange -> IDs reserved before this run
+	refs      map[string]*msgRefs       // message key -> the durable queues still holding it
+	recovered map[string][]recoveredMsg // queue -> its messages found on disk, not yet registered
+	seqs      map[string]uint64         // exchange -> IDs reserved before this run
 }
 
 // msgRefs is what the log knows of one live message: how many durable queues
@@ -97,13 +97,16 @@ type msgRefs struct {
 	stated  []string // queues whose s/ key is in the log
 }
 
-// recoveredMsg is a message found on disk for one queue.
+// recoveredMsg is a message found on disk for one queue: what restore needs
+// to queue it. Its routing key, headers, deaths and body stay on disk until
+// it is delivered (see queue.load).
 type recoveredMsg struct {
-	key   string
-	id    uint64
-	exch  string
-	msg   *storedMsg
-	state queueState
+	key         string // the log index's own string
+	id          uint64
+	publishedAt int64
+	visibleAt   int64
+	expiration  time.Duration
+	state       *queueState // nil unless the queue retried it
 }
 
 // openLog opens the MQ's log and reads what it holds. The caller holds the
@@ -131,7 +134,7 @@ func (m *MQ) openLog() error {
 		return err
 	}
 	d := &durableLog{log: l, logs: wl, codec: m.codec, refs: make(map[string]*msgRefs),
-		recovered: make(map[string][]*recoveredMsg), seqs: make(map[string]uint64)}
+		recovered: make(map[string][]recoveredMsg), seqs: make(map[string]uint64)}
 	if err := d.recover(); err != nil {
 		_ = l.Close()
 		return fmt.Errorf("%w: reading %s: %w", ErrLog, m.dataDir, err)
@@ -148,41 +151,42 @@ func (m *MQ) openLog() error {
 
 // recover rebuilds refs, recovered and seqs from the log.
 //
-// It costs about a microsecond and 250 bytes of transient memory per message
-// (BenchmarkRecover): the log is read in its own order, many values per read;
-// the messages are decoded into blocks (a few allocations per message: the
-// body, and what it has of routing key, headers and deaths), their keys are
-// the log index's own strings, and only what is not the common case (a
-// message of one queue, never acknowledged or retried) gets a refs entry or
-// a map lookup. Each queue's list is sorted unless it is already in order,
-// as it mostly is in the log.
+// It keeps, and decodes, only what ordering and the ledger need: each
+// message's times and queues. The rest stays on disk until the message is
+// delivered (see queue.load), as RabbitMQ's classic queues keep a backlog on
+// disk and only its index in memory. It costs about a microsecond and 150
+// bytes of transient memory per message (BenchmarkRecover): the log is read
+// in its own order, many values per read; a message allocates nothing but
+// its queue list when it differs from the message before's, its key is the
+// log index's own string, and only what is not the common case (a message of
+// one queue, never acknowledged or retried) gets a refs entry or a map
+// lookup. Each queue's list is sorted unless it is already in order, as it
+// mostly is in the log.
 func (d *durableLog) recover() error {
 	type logged struct {
-		key string // the log index's own string
-		msg *storedMsg
+		key         string // the log index's own string
+		publishedAt int64
+		visibleAt   int64
+		expiration  time.Duration
+		queues      []string // shared with the message before when equal
 	}
 	var (
-		msgs   []logged
-		block  []storedMsg                 // msgs are decoded into blocks of storedBlock
+		msgs   = make([]logged, 0, d.log.Stats().LiveKeys)
 		acked  = make(map[string][]string) // message key -> queues
 		states = make(map[string]map[string]queueState)
 		dec    msgDecoder
 		bad    error
 	)
-	const storedBlock = 256
 	err := d.log.Scan(func(k string, v []byte) bool {
 		switch k[:min(len(k), 2)] {
 		case "m/":
-			if len(block) == cap(block) {
-				block = make([]storedMsg, 0, storedBlock)
-			}
-			block = block[:len(block)+1]
-			s := &block[len(block)-1]
-			if err := dec.decode(s, v); err != nil {
+			var s storedMsg
+			if err := dec.decode(&s, v, true); err != nil {
 				bad = err
 				return false
 			}
-			msgs = append(msgs, logged{k, s})
+			msgs = append(msgs, logged{key: k, publishedAt: s.publishedAt, visibleAt: s.visibleAt,
+				expiration: s.expiration, queues: s.queues})
 		case "a/":
 			q, mk, ok := parseQueueKey(k)
 			if !ok {
@@ -215,11 +219,10 @@ func (d *durableLog) recover() error {
 	if bad != nil {
 		return bad
 	}
-	// Each queue's messages go into one block of recoveredMsg, sized first.
+	// Each queue's messages go into one slice, sized first.
 	type qlist struct {
 		n    int // messages, counted first
-		vals []recoveredMsg
-		ptrs []*recoveredMsg
+		list []recoveredMsg
 	}
 	lists := make(map[string]*qlist)
 	var last []string      // decode shares the queue list of consecutive messages,
@@ -239,23 +242,25 @@ func (d *durableLog) recover() error {
 		}
 		return lastLists
 	}
-	for _, e := range msgs {
+	for i := range msgs {
+		e := &msgs[i]
 		ak := acked[e.key]
-		for i, l := range listsOf(e.msg.queues) {
-			if !slices.Contains(ak, e.msg.queues[i]) {
+		for j, l := range listsOf(e.queues) {
+			if !slices.Contains(ak, e.queues[j]) {
 				l.n++
 			}
 		}
 	}
 	for _, l := range lists {
-		l.vals, l.ptrs = make([]recoveredMsg, 0, l.n), make([]*recoveredMsg, 0, l.n)
+		l.list = make([]recoveredMsg, 0, l.n)
 	}
 	last = nil
 	seqsOf := func(exch string, id uint64) { d.seqs[exch] = max(d.seqs[exch], id) }
 	var exch string // the exchange of the run of messages before, and its highest ID
 	var top uint64
-	for _, e := range msgs {
-		k, s := e.key, e.msg
+	for i := range msgs {
+		e := &msgs[i]
+		k := e.key
 		ex, id, ok := parseMsgKey(k)
 		if !ok {
 			return errBadRecord
@@ -276,11 +281,14 @@ func (d *durableLog) recover() error {
 			st = states[k]
 		}
 		pending := 0
-		for i, l := range listsOf(s.queues) {
-			if q := s.queues[i]; !slices.Contains(ak, q) {
+		for j, l := range listsOf(e.queues) {
+			if q := e.queues[j]; !slices.Contains(ak, q) {
 				pending++
-				l.vals = append(l.vals, recoveredMsg{key: k, id: id, exch: ex, msg: s, state: st[q]})
-				l.ptrs = append(l.ptrs, &l.vals[len(l.vals)-1])
+				r := recoveredMsg{key: k, id: id, publishedAt: e.publishedAt, visibleAt: e.visibleAt, expiration: e.expiration}
+				if s, ok := st[q]; ok {
+					r.state = &s
+				}
+				l.list = append(l.list, r)
 			}
 		}
 		// A message of one queue, never acknowledged by another nor retried,
@@ -296,21 +304,20 @@ func (d *durableLog) recover() error {
 	if top != 0 {
 		seqsOf(exch, top)
 	}
-	for q, l := range lists {
-		if len(l.ptrs) > 0 {
-			d.recovered[q] = l.ptrs
-		}
-	}
-	byPublished := func(a, b *recoveredMsg) int {
-		if c := cmpInt64(a.msg.publishedAt, b.msg.publishedAt); c != 0 {
+	byPublished := func(a, b recoveredMsg) int {
+		if c := cmpInt64(a.publishedAt, b.publishedAt); c != 0 {
 			return c
 		}
 		return cmpInt64(int64(a.id), int64(b.id))
 	}
-	for _, list := range d.recovered {
-		if !slices.IsSortedFunc(list, byPublished) {
-			slices.SortFunc(list, byPublished)
+	for q, l := range lists {
+		if len(l.list) == 0 {
+			continue
 		}
+		if !slices.IsSortedFunc(l.list, byPublished) {
+			slices.SortFunc(l.list, byPublished)
+		}
+		d.recovered[q] = l.list
 	}
 	return nil
 }
@@ -501,7 +508,7 @@ func (d *durableLog) saveState(queue, key string, st queueState) {
 }
 
 // takeRecovered returns, and forgets, what the log holds for queue.
-func (d *durableLog) takeRecovered(queue string) []*recoveredMsg {
+func (d *durableLog) takeRecovered(queue string) []recoveredMsg {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	list := d.recovered[queue]
@@ -526,33 +533,43 @@ func (d *durableLog) unregistered() map[string]int {
 // MQ's write lock. A DropHead length limit evicts the oldest beyond it (dead-
 // lettered by unlock, with reason maxlen); RejectPublish and Block keep them
 // all, and refuse or hold publishes until the queue is below its limit.
+//
+// A message stays on disk until it is delivered: a ready one that was never
+// retried is queued as a restored entry (see restored), 56 bytes with the
+// queue's entry, and any other as a Msg without its value (lazyMsg); the
+// worker that delivers or dead-letters it reads the rest (see queue.load).
 func (m *MQ) restore(q *queue) {
 	list := m.dur.takeRecovered(q.name)
 	if len(list) == 0 {
 		return
 	}
-	now := time.Now()
+	now := time.Now().UnixNano()
 	var later []schedItem
+	var block []restored
 	q.mu.Lock()
-	for _, r := range list {
-		s := r.msg
-		dm := &struct { // one allocation for the Msg and its ext, as publish makes them
-			Msg
-			x msgExt
-		}{Msg: Msg{ID: r.id, Exchange: r.exch, Queue: q.name, RoutingKey: s.routingKey, Headers: s.headers,
-			Data: Encoded{Body: s.body, Codec: m.codec}, Attempt: r.state.attempt, Deaths: s.deaths,
-			Redelivered: true}, x: msgExt{dkey: r.key}}
-		dm.Msg.x = &dm.x
-		msg := &dm.Msg
-		if r.state.lastErr != "" {
-			msg.x.lastErr = errors.New(r.state.lastErr)
-		}
-		ttl := s.expiration
+	for i := range list {
+		r := &list[i]
+		ttl := r.expiration
 		if q.cfg.ttl > 0 && (ttl == 0 || q.cfg.ttl < ttl) {
 			ttl = q.cfg.ttl
 		}
+		var expires int64
 		if ttl > 0 {
-			msg.x.expires = deadline(time.Unix(0, s.visibleAt), ttl)
+			expires = deadline(time.Unix(0, r.visibleAt), ttl)
+		}
+		due := r.visibleAt
+		var e entry
+		if r.state != nil {
+			due = max(due, r.state.dueAt)
+			e = entry{m: lazyMsg(r.key, r.id, q.name, expires, r.state)}
+		} else if due > now {
+			e = entry{m: lazyMsg(r.key, r.id, q.name, expires, nil)}
+		} else {
+			if len(block) == cap(block) { // blocks, so that what is delivered is freed
+				block = make([]restored, 0, min(restoredBlock, len(list)-i))
+			}
+			block = append(block, restored{key: r.key, expires: expires})
+			e = entry{m: restoredMark, id: r.id, data: &block[len(block)-1]}
 		}
 		if q.cfg.overflow == DropHead && q.fullLocked() {
 			// The limit applies to what is restored as to a publish (as
@@ -564,19 +581,18 @@ func (m *MQ) restore(q *queue) {
 				m.evicted = append(m.evicted, eviction{q, h.msg(q.name)})
 			} else {
 				q.accepted++
-				m.evicted = append(m.evicted, eviction{q, msg})
+				m.evicted = append(m.evicted, eviction{q, e.msg(q.name)})
 				continue
 			}
 		}
 		q.accepted++
 		q.entered++
-		due := max(s.visibleAt, r.state.dueAt)
-		if due > now.UnixNano() {
+		if due > now {
 			q.scheduled++
-			later = append(later, schedItem{due: time.Unix(0, due), q: q, m: msg})
+			later = append(later, schedItem{due: time.Unix(0, due), q: q, m: e.m})
 			continue
 		}
-		q.buf.push(entry{m: msg})
+		q.buf.push(e)
 	}
 	expiry := q.armExpiryLocked()
 	q.mu.Unlock()
@@ -585,6 +601,87 @@ func (m *MQ) restore(q *queue) {
 		m.sched.add(it.due, it.q, it.m)
 	}
 	m.logHeld(slog.LevelInfo, "tinymq: durable queue recovered from the log", slog.String("queue", q.name), slog.Int("count", len(list)))
+}
+
+// restored is what a queue holds of a message that restore queued, until a
+// worker takes it: its key in the log, whose value holds the rest, and when
+// it expires (UnixNano; 0: never). Its entry is {m: restoredMark, id: the
+// message's ID, data: the *restored}; entry.msg makes it a lazyMsg.
+type restored struct {
+	key     string // the log index's own string
+	expires int64
+}
+
+// restoredBlock is how many restored share one allocation.
+const restoredBlock = 64
+
+// restoredMark is the m of every restored entry. It is never delivered.
+var restoredMark = &Msg{}
+
+// lazyMsg is the Msg of a restored message before its value is read from the
+// log: its ID, exchange (the key's), queue, attempt and last error (from st,
+// if the queue retried it) and expiry, but not its routing key, headers,
+// deaths or data, which queue.load reads. One allocation, as publish makes
+// a Msg with its ext.
+func lazyMsg(key string, id uint64, queue string, expires int64, st *queueState) *Msg {
+	exch, _, _ := parseMsgKey(key)
+	dm := &struct {
+		Msg
+		x msgExt
+	}{Msg: Msg{ID: id, Exchange: exch, Queue: queue, Redelivered: true}, x: msgExt{expires: expires, dkey: key, unread: true}}
+	dm.Msg.x = &dm.x
+	if st != nil {
+		dm.Attempt = st.attempt
+		if st.lastErr != "" {
+			dm.x.lastErr = errors.New(st.lastErr)
+		}
+	}
+	return &dm.Msg
+}
+
+// load reads from the log what a lazyMsg lacks, as the Msg a publish made:
+// its routing key, headers, deaths and Data (an Encoded). It does nothing to
+// any other Msg. It blocks for one read of the disk (a page-cache copy when
+// the log was just written), so it runs with no lock held, on the goroutine
+// about to deliver or dead-letter m. When the read fails (the log failed or
+// was closed by a Shutdown deadline), m stays in the log unacknowledged, to
+// be delivered after the next start: load counts it undelivered, logs it and
+// returns false, and the caller forgets m.
+func (q *queue) load(m *Msg) bool {
+	if m.x == nil || !m.x.unread {
+		return true
+	}
+	err := q.mq.dur.read(m)
+	if err == nil {
+		return true
+	}
+	q.c.undelivered.Add(1)
+	if q.begun.Load()&abortBit != 0 { // the deadline closed the log: as leftOnDisk
+		q.logFailure(m, err, slog.LevelWarn, "tinymq: shutdown deadline passed; the message stays in the log for the next start")
+		return false
+	}
+	q.logFailure(m, err, slog.LevelError, "tinymq: reading a durable message from the log failed; it stays in the log for the next start")
+	return false
+}
+
+// read fills the lazyMsg m from its value in the log.
+func (d *durableLog) read(m *Msg) error {
+	v, ok, err := d.log.Get([]byte(m.x.dkey))
+	if err == nil && !ok {
+		err = errors.New("no such key") // a bug: the queue has not acknowledged it
+	}
+	if err != nil {
+		return fmt.Errorf("%w: reading message %d: %w", ErrLog, m.ID, err)
+	}
+	var s storedMsg
+	var dec msgDecoder
+	if err := dec.decode(&s, v, false); err != nil {
+		return fmt.Errorf("%w: reading message %d: %w", ErrLog, m.ID, err)
+	}
+	m.RoutingKey, m.Headers, m.Deaths = s.routingKey, s.headers, s.deaths
+	m.Data = Encoded{Body: s.body, Codec: d.codec}
+	m.x.unread = false
+	return nil
 }
 
 // closeLog closes the log (again: it is idempotent): when the MQ has

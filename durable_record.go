@@ -272,8 +272,12 @@ type msgDecoder struct {
 	queuesRaw  []byte // the encoding of queues
 }
 
-// decode decodes b into s, which must be zero. s keeps none of b's bytes.
-func (dec *msgDecoder) decode(s *storedMsg, b []byte) error {
+// decode decodes b into s, which must be zero. With meta, it decodes only
+// what recovery needs (publishedAt, visibleAt, expiration and queues) and
+// checks the rest without keeping it, allocating nothing but a queue list
+// that differs from the message before's; s keeps none of b's bytes.
+// Otherwise it decodes everything, and s.body shares b's bytes.
+func (dec *msgDecoder) decode(s *storedMsg, b []byte, meta bool) error {
 	r := &reader{b: b}
 	if r.byte() != recordVersion {
 		return fmt.Errorf("%w: unknown message record version", errBadRecord)
@@ -281,14 +285,31 @@ func (dec *msgDecoder) decode(s *storedMsg, b []byte) error {
 	s.publishedAt = r.varint()
 	s.visibleAt = r.varint()
 	s.expiration = time.Duration(r.varint())
-	if rk := r.bytes(); string(rk) != dec.routingKey {
-		dec.routingKey = string(rk)
+	if rk := r.bytes(); !meta {
+		if string(rk) != dec.routingKey {
+			dec.routingKey = string(rk)
+		}
+		s.routingKey = dec.routingKey
 	}
-	s.routingKey = dec.routingKey
 	if r.byte() == 1 {
-		s.headers = r.table(0)
+		if meta {
+			r.skipTable(0)
+		} else {
+			s.headers = r.table(0)
+		}
 	}
-	if nd := r.count(9); nd > 0 {
+	if nd := r.count(9); nd > 0 && meta {
+		for range nd {
+			for range 4 { // reason, exchange, queue, routing key
+				r.bytes()
+			}
+			r.varint() // attempts
+			r.varint() // count
+			r.uvarint()
+			r.bytes() // last error
+			r.varint()
+		}
+	} else if nd > 0 {
 		s.deaths = make([]Death, nd)
 		for i := range s.deaths {
 			d := &s.deaths[i]
@@ -303,8 +324,8 @@ func (dec *msgDecoder) decode(s *storedMsg, b []byte) error {
 			d.Time = time.Unix(0, r.varint())
 		}
 	}
-	if body := r.bytes(); len(body) > 0 {
-		s.body = bytes.Clone(body)
+	if body := r.bytes(); len(body) > 0 && !meta {
+		s.body = body
 	}
 	// The queue list ends the record.
 	if r.err == nil && bytes.Equal(r.b, dec.queuesRaw) && dec.queuesRaw != nil {
@@ -438,6 +459,53 @@ func (r *reader) table(depth int) map[string]any {
 		t[k] = r.value(depth)
 	}
 	return t
+}
+
+// skipTable and skipValue check what table and value decode, and keep
+// none of it.
+func (r *reader) skipTable(depth int) {
+	if depth > maxDepth {
+		r.fail()
+		return
+	}
+	for range r.count(2) {
+		r.bytes()
+		r.skipValue(depth)
+	}
+}
+
+func (r *reader) skipValue(depth int) {
+	switch tag := r.byte(); tag {
+	case tagNil, tagFalse, tagTrue:
+	case tagInt, tagInt8, tagInt16, tagInt32, tagInt64, tagTime:
+		r.varint()
+	case tagUint, tagUint8, tagUint16, tagUint32, tagUint64:
+		r.uvarint()
+	case tagFloat32, tagFloat64:
+		n := 4
+		if tag == tagFloat64 {
+			n = 8
+		}
+		if len(r.b) < n {
+			r.fail()
+			return
+		}
+		r.b = r.b[n:]
+	case tagString, tagBytes:
+		r.bytes()
+	case tagArray:
+		if depth >= maxDepth {
+			r.fail()
+			return
+		}
+		for range r.count(1) {
+			r.skipValue(depth + 1)
+		}
+	case tagTable:
+		r.skipTable(depth + 1)
+	default:
+		r.fail()
+	}
 }
 
 func (r *reader) value(depth int) any {

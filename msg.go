@@ -53,6 +53,7 @@ type msgExt struct {
 	expires int64  // UnixNano after which it is expired; 0: never
 	lastErr error  // the consumer's last error, kept for a later death
 	dkey    string // its key in the write-ahead log, for a durable queue
+	unread  bool   // restored, with its value still in the log (see lazyMsg)
 }
 
 func (m *Msg) ext() *msgExt {

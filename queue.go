@@ -31,8 +31,11 @@ const chunkSize = 64
 // key, headers or deaths), else one Msg made by the publish. The worker makes
 // the consumer's Msg from m, id and data (a direct consumer needs none), so
 // that Publish allocates at most one record, whatever the number of queues,
-// and a queued message costs a queue 32 bytes. Any other entry owns m,
-// complete with its ID and Data, and the worker delivers m itself.
+// and a queued message costs a queue 32 bytes. A message that a durable
+// queue restored from the log is a restored entry: m is restoredMark and
+// data a *restored, its key in the log; entry.msg makes it a Msg without its
+// value (lazyMsg), which the worker reads (queue.load). Any other entry owns
+// m, complete with its ID and Data, and the worker delivers m itself.
 type entry struct {
 	m    *Msg
 	id   uint64
@@ -50,6 +53,10 @@ func (q *queue) takesShared() bool {
 // msg returns the Msg to deliver for e, allocating it for a shared entry.
 func (e *entry) msg(queue string) *Msg {
 	if !e.m.shared {
+		if e.m == restoredMark {
+			r := e.data.(*restored)
+			return lazyMsg(r.key, e.id, queue, r.expires, nil)
+		}
 		return e.m
 	}
 	p := e.m
@@ -448,6 +455,9 @@ func (e *entry) expiresAt() int64 {
 	if e.m.shared {
 		return 0
 	}
+	if e.m == restoredMark {
+		return e.data.(*restored).expires
+	}
 	return e.m.expires()
 }
 
@@ -480,7 +490,8 @@ func (q *queue) expireHead() {
 		if h == nil || h.expiresAt() == 0 || h.expiresAt() > now {
 			break
 		}
-		dead = append(dead, q.popLocked().m)
+		e := q.popLocked()
+		dead = append(dead, e.msg(q.name)) // a restored one is read by deadLetter, without the lock
 	}
 	if len(dead) > 0 {
 		q.freeRoomLocked()

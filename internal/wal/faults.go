@@ -1,7 +1,7 @@
 package wal
 
 // Faults lets tests outside this package do to the log what a disk can do:
-// fail a write (a full disk) or an fdatasync (EIO), and learn what each
+// fail a write (a full disk), a read or an fdatasync (EIO), and learn what each
 // fdatasync made durable, so that a test can cut a segment back to it after a
 // SIGKILL and so simulate a power loss. A nil func does nothing. Production
 // code leaves Options.Faults nil.
@@ -9,6 +9,9 @@ type Faults struct {
 	// WriteErr is called before each write to a file; an error it returns
 	// fails that write.
 	WriteErr func(name string) error
+	// ReadErr is called before each read of a file (replay, Get, Range and
+	// Scan); an error it returns fails that read.
+	ReadErr func(name string) error
 	// SyncErr is called before each fdatasync of a file; an error it returns
 	// fails that fdatasync.
 	SyncErr func(name string) error
@@ -44,6 +47,15 @@ func (f hookFile) WriteAt(p []byte, off int64) (int, error) {
 		}
 	}
 	return f.file.WriteAt(p, off)
+}
+
+func (f hookFile) ReadAt(p []byte, off int64) (int, error) {
+	if f.f.ReadErr != nil {
+		if err := f.f.ReadErr(f.name); err != nil {
+			return 0, err
+		}
+	}
+	return f.file.ReadAt(p, off)
 }
 
 func (f hookFile) Datasync() error {

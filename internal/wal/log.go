@@ -92,13 +92,14 @@ type Log struct {
 	w writer // the writer goroutine's own state
 }
 
-// loc is where a live value is: segment, offset and length of the value, and
-// the encoded size of its op (for the live-bytes accounting).
+// loc is where a live value is: segment, offset and length of the value. The
+// encoded size of its op (for the live-bytes accounting) follows from the
+// lengths of the key and the value. 16 bytes: an offset fits in 32 bits, as
+// a segment is never larger than maxSegmentFile.
 type loc struct {
 	seg  uint64
-	off  int64
+	off  uint32
 	vlen uint32
-	cost uint32
 }
 
 // segment is one segment file.
@@ -451,7 +452,7 @@ func (l *Log) Get(key []byte) ([]byte, bool, error) {
 		return nil, false, nil
 	}
 	val := make([]byte, lc.vlen)
-	if err := readFull(f, val, lc.off); err != nil {
+	if err := readFull(f, val, int64(lc.off)); err != nil {
 		return nil, false, l.readErr(lc.seg, err)
 	}
 	return val, true, nil
@@ -491,7 +492,7 @@ func (l *Log) Range(fn func(key, val []byte) bool) error {
 			buf = make([]byte, e.vlen)
 		}
 		val := buf[:e.vlen]
-		if err := readFull(e.f, val, e.off); err != nil {
+		if err := readFull(e.f, val, int64(e.off)); err != nil {
 			return l.readErr(e.seg, err)
 		}
 		if !fn([]byte(e.key), val) {
@@ -542,7 +543,7 @@ func (l *Log) Scan(fn func(key string, val []byte) bool) error {
 	ents := make([]entry, 0, len(l.index))
 	first := segs[0].id
 	for k, lc := range l.index {
-		ents = append(ents, entry{k, lc.off, lc.vlen, uint32(lc.seg - first)})
+		ents = append(ents, entry{k, int64(lc.off), lc.vlen, uint32(lc.seg - first)})
 	}
 	l.mu.Unlock()
 	// Sorted by one integer, segment and offset packed, when they fit.

@@ -9,6 +9,14 @@ import (
 // DefaultSegmentSize is the SegmentSize used when Options.SegmentSize is 0.
 const DefaultSegmentSize = 64 << 20
 
+// MaxSegmentSize is the largest SegmentSize. A segment then holds at most
+// MaxSegmentSize bytes, or one record of up to 1 GiB and its header: never
+// more than maxSegmentFile, so that the index keeps offsets in 32 bits.
+const MaxSegmentSize = 2 << 30
+
+// maxSegmentFile is the largest segment file that Open replays.
+const maxSegmentFile = 1<<32 - 1
+
 // asyncSyncDelay bounds how long a CommitAsync batch stays unsynced under
 // SyncAlways when no Commit or Sync comes to carry it.
 const asyncSyncDelay = 100 * time.Millisecond
@@ -31,8 +39,8 @@ func SyncInterval(d time.Duration) SyncPolicy { return SyncPolicy(d) }
 // segments, no repair, no logging.
 type Options struct {
 	// SegmentSize is the size at which the log starts a new segment file; 0
-	// means DefaultSegmentSize. A batch larger than it gets a segment of its
-	// own.
+	// means DefaultSegmentSize, and more than MaxSegmentSize is refused with
+	// ErrInvalidOptions. A batch larger than it gets a segment of its own.
 	SegmentSize int64
 
 	// Sync is the durability policy of Commit; the zero value is SyncAlways.
@@ -59,8 +67,8 @@ type Options struct {
 }
 
 func (o Options) withDefaults() (Options, error) {
-	if o.SegmentSize < 0 {
-		return o, fmt.Errorf("%w: negative SegmentSize %d", ErrInvalidOptions, o.SegmentSize)
+	if o.SegmentSize < 0 || o.SegmentSize > MaxSegmentSize {
+		return o, fmt.Errorf("%w: SegmentSize %d outside [0, %d]", ErrInvalidOptions, o.SegmentSize, int64(MaxSegmentSize))
 	}
 	if o.Sync < 0 {
 		return o, fmt.Errorf("%w: negative sync interval %v", ErrInvalidOptions, time.Duration(o.Sync))

@@ -106,6 +106,10 @@ func (r *recoverer) replay(i int, last bool, nextSeq *uint64) (stop bool, err er
 		f.Close()
 		return false, fmt.Errorf("wal: %w", err)
 	}
+	if size > maxSegmentFile { // no Log writes one: the index's offsets would not hold
+		f.Close()
+		return false, fmt.Errorf("wal: %s: %d bytes, more than a segment can hold (%d)", path, size, int64(maxSegmentFile))
+	}
 	hb := make([]byte, headerLen)
 	n, rerr := f.ReadAt(hb, 0)
 	if rerr != nil && n < headerLen && int64(n) < size {
@@ -498,16 +502,17 @@ func (l *Log) apply(seg *segment, recOff int64, ops []op) {
 		}
 		if old, ok := l.index[string(o.key)]; ok {
 			s := l.segByID(old.seg)
+			c := opCost(len(o.key), int(old.vlen))
 			s.liveKeys--
-			s.liveBytes -= int64(old.cost)
-			l.liveBytes -= int64(old.cost)
+			s.liveBytes -= c
+			l.liveBytes -= c
 		}
 		if o.kind == opDelete {
 			delete(l.index, string(o.key))
 			continue
 		}
 		c := o.cost()
-		l.index[string(o.key)] = loc{seg: seg.id, off: recOff + int64(o.valOff), vlen: uint32(len(o.val)), cost: uint32(c)}
+		l.index[string(o.key)] = loc{seg: seg.id, off: uint32(recOff + int64(o.valOff)), vlen: uint32(len(o.val))}
 		seg.liveKeys++
 		seg.liveBytes += c
 		l.liveBytes += c

@@ -548,7 +548,7 @@ func (l *Log) compactStep() error {
 				continue
 			}
 			lc, ok := l.index[string(o.key)]
-			if ok && lc.seg == s.id && lc.off == recOff+int64(o.valOff) {
+			if ok && lc.seg == s.id && int64(lc.off) == recOff+int64(o.valOff) {
 				b.Put(o.key, o.val) // copies: rec aliases buf
 			}
 		}
