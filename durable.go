@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tinymq/tinymq/internal/wal"
@@ -87,6 +88,9 @@ type durableLog struct {
 	refs      map[string]*msgRefs       // message key -> the durable queues still holding it
 	recovered map[string][]recoveredMsg // queue -> its messages found on disk, not yet registered
 	seqs      map[string]uint64         // exchange -> IDs reserved before this run
+
+	idsFailed atomic.Bool // a reservation of IDs failed: the log has failed, none is tried again
+	idsWarned atomic.Bool // and that was logged (once)
 }
 
 // msgRefs is what the log knows of one live message: how many durable queues
@@ -347,7 +351,7 @@ func (m *MQ) reserveIDs(ex *exchange, id uint64, b *wal.Batch) (done func(commit
 		return noReserve, nil
 	}
 	if r := ex.reserved.Load(); id <= r {
-		if r-id >= idBlock/2 || !ex.reserveMu.TryLock() {
+		if r-id >= idBlock/2 || d.idsFailed.Load() || !ex.reserveMu.TryLock() {
 			return noReserve, nil
 		}
 		// Running low: reserve ahead. A failure is not this publish's (its
@@ -379,10 +383,17 @@ func (m *MQ) reserveIDs(ex *exchange, id uint64, b *wal.Batch) (done func(commit
 
 func noReserve(bool) {}
 
+// errReserveFailed is what reserveIDs returns once a reservation failed.
+var errReserveFailed = fmt.Errorf("%w: reserving message IDs: an earlier reservation failed", ErrLog)
+
 // reserveDue reports whether reserveIDs could commit for id: false while id
 // is reserved with at least half a block to spare (reservations only grow,
-// so the answer stays right).
-func reserveDue(ex *exchange, id uint64) bool {
+// so the answer stays right), and once a reservation failed (the log failed
+// for good: in-memory publishes go on without one).
+func (d *durableLog) reserveDue(ex *exchange, id uint64) bool {
+	if d.idsFailed.Load() {
+		return false
+	}
 	r := ex.reserved.Load()
 	return id > r || r-id < idBlock/2
 }
@@ -395,9 +406,13 @@ func putReserved(b *wal.Batch, ex *exchange, next uint64) {
 // commitReserved records that ex's IDs up to next are reserved. The caller
 // holds ex.reserveMu.
 func (m *MQ) commitReserved(ex *exchange, next uint64) error {
+	if m.dur.idsFailed.Load() {
+		return errReserveFailed
+	}
 	var b wal.Batch
 	putReserved(&b, ex, next)
 	if err := m.dur.log.Commit(&b); err != nil {
+		m.dur.idsFailed.Store(true)
 		return fmt.Errorf("%w: reserving message IDs: %w", ErrLog, err)
 	}
 	ex.reserved.Store(next)

@@ -299,7 +299,7 @@ func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (roo
 			now = time.Now()
 		}
 		id := r.ex.seq.Add(1)
-		if m.dur != nil && reserveDue(r.ex, id) {
+		if m.dur != nil && m.dur.reserveDue(r.ex, id) {
 			// The ID's reservation may commit: not under the lock.
 			return m.enqueueAdmitted(r, dst, msgs, dl, id)
 		}
@@ -371,7 +371,7 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 		id = ex.seq.Add(1)
 	}
 	now := time.Now()
-	logged := m.dur != nil && (reserveDue(ex, id) || slices.ContainsFunc(adm, func(q *queue) bool { return q.cfg.durable }))
+	logged := m.dur != nil && (m.dur.reserveDue(ex, id) || slices.ContainsFunc(adm, func(q *queue) bool { return q.cfg.durable }))
 	if logged {
 		for _, q := range adm {
 			q.holdInbound()
@@ -553,12 +553,14 @@ func runFilter(keep func(*Msg) bool, msg *Msg) (ok bool, err error) {
 
 // reserveIDsIfLogged is reserveIDs for a publish that reaches no durable
 // queue: a failure of the log does not stop in-memory queues, so it is
-// logged, not returned.
+// logged (once per MQ), not returned.
 func (m *MQ) reserveIDsIfLogged(ex *exchange, id uint64) {
 	if m.dur == nil {
 		return
 	}
-	if _, err := m.reserveIDs(ex, id, nil); err != nil {
+	if _, err := m.reserveIDs(ex, id, nil); err != nil && m.dur.idsWarned.CompareAndSwap(false, true) {
+		// Once: the log has failed for good, and a logger that publishes
+		// must not be fed a line by every publish it makes.
 		m.logAttrs(slog.LevelError, "tinymq: message IDs may repeat after a restart", func(a []slog.Attr) []slog.Attr {
 			return append(a, slog.String("exchange", ex.name), slog.String("err", err.Error()))
 		})

@@ -752,6 +752,34 @@ var scenarios = map[string]func(t *testing.T){
 		m.Stop()
 		assert.Equal(t, uint64(1), m.Stats().Queues["parked"].Succeeded)
 	},
+	"logger publishes every error line, after the log failed": func(t *testing.T) {
+		var fail atomic.Bool
+		defer tinymq.SetWALFaults(&wal.Faults{WriteErr: func(string) error {
+			if fail.Load() {
+				return syscall.ENOSPC
+			}
+			return nil
+		}})()
+		dir, _ := os.MkdirTemp("", "tinymq-reentrancy")
+		defer os.RemoveAll(dir)
+		var m *tinymq.MQ
+		var errorLines atomic.Int64
+		h := &callbackHandler{fn: func() {
+			errorLines.Add(1)
+			_ = m.Publish("alerts", "an error was logged") // forwarding errors to an alert queue
+		}}
+		m = tinymq.New(tinymq.WithDataDir(dir), tinymq.WithLogger(slog.New(h)))
+		require.NoError(t, m.RegisterQueue("alerts", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("d"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		fail.Store(true)
+		assert.ErrorIs(t, m.Publish("ev", 1), tinymq.ErrLog)
+		for i := range 5000 { // past a block of reserved IDs: the next reservation fails
+			require.NoError(t, m.Publish("alerts", i))
+		}
+		m.Stop()
+		assert.Less(t, errorLines.Load(), int64(10), "the failed reservation is logged once, not per publish")
+	},
 	"logger panics when an fdatasync fails": func(t *testing.T) {
 		var fail atomic.Bool
 		defer tinymq.SetWALFaults(&wal.Faults{SyncErr: func(string) error {

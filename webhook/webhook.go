@@ -26,7 +26,9 @@
 // replaced by xxxxx. The same goes for the text of net/http's errors, which
 // quote the URL (a [*url.Error] in the chain carries the redacted URL), for
 // [StatusError]'s fields, and for the start of the response body that a
-// StatusError quotes. A secret of 6 bytes or more is replaced wherever it
+// StatusError quotes, where an endpoint may also echo the Authorization:
+// Basic header that net/http makes of the userinfo (its base64 is hidden
+// too). A secret of 6 bytes or more is replaced wherever it
 // appears in that text; a shorter one only where the URL or its userinfo
 // appears, lest every "1" in an address be replaced.
 package webhook
@@ -34,6 +36,7 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -298,6 +301,10 @@ func newTarget(endpoint string, u *url.URL) *target {
 	if u.User != nil {
 		name := u.User.Username()
 		pass, hasPass := u.User.Password()
+		// net/http sends the userinfo as an Authorization: Basic header,
+		// which an endpoint may echo back in its answer.
+		basic := []byte(name + ":" + pass)
+		secrets = append(secrets, base64.StdEncoding.EncodeToString(basic), base64.RawStdEncoding.EncodeToString(basic))
 		if hasPass {
 			// The userinfo, escaped (as in a URL) and not.
 			pairs = append(pairs, u.User.String()+"@", url.UserPassword(name, redacted).String()+"@",

@@ -3,6 +3,7 @@ package webhook_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -428,4 +429,27 @@ func TestWebhookErrorsNeverShowTheEndpointPassword(t *testing.T) {
 			noSecret(t, "log record", string(b))
 		}
 	})
+}
+
+// The endpoint's userinfo travels as an Authorization: Basic header, which an
+// endpoint may echo in its answer: its base64 is a secret too.
+func TestWebhookErrorsNeverShowTheBasicAuthHeader(t *testing.T) {
+	const pass = "hunter2pass"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprintf(w, "denied; you sent Authorization: %s", r.Header.Get("Authorization"))
+	}))
+	defer srv.Close()
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	consume, err := webhook.New("http://admin:" + pass + "@" + u.Host + "/hook")
+	require.NoError(t, err)
+	err = consume(context.Background(), &tinymq.Msg{Data: 1})
+	require.Error(t, err)
+	encoded := base64.StdEncoding.EncodeToString([]byte("admin:" + pass))
+	assert.NotContains(t, err.Error(), encoded)
+	var se *webhook.StatusError
+	require.ErrorAs(t, err, &se)
+	assert.NotContains(t, se.Body, encoded)
+	assert.Contains(t, se.Body, "Basic xxxxx", "the echo is still shown, the credential hidden")
 }
