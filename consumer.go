@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"runtime/debug"
 	"sync"
 	"time"
 
+	"github.com/tinymq/tinymq/internal/guard"
 	"github.com/tinymq/tinymq/internal/wal"
 )
 
@@ -33,10 +33,10 @@ type ConsumerFunc func(ctx context.Context, msg *Msg) error
 // workers.
 func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
 	q := w.q
-	id := q.mq.own.enter()
+	id := q.mq.own.Enter()
 	returned := false
 	defer func() {
-		q.mq.own.leave(id)
+		q.mq.own.Leave(id)
 		if !returned {
 			wg.Add(1) // this goroutine has not called Done: the count is above 0
 			go w.run(ctx, wg)
@@ -123,7 +123,7 @@ func (q *queue) process(ctx context.Context, e *entry, m *Msg) (err error) {
 			return
 		}
 		if r := recover(); r != nil {
-			err = freezeAside(&q.mq.own, &PanicError{Value: r, Stack: debug.Stack()})
+			err = freezer.FreezeAside(&q.mq.own, &PanicError{Value: r, Stack: debug.Stack()})
 			return
 		}
 		if m == nil {
@@ -140,84 +140,18 @@ func (q *queue) process(ctx context.Context, e *entry, m *Msg) (err error) {
 		err = q.consumer.fn(ctx, m)
 	}
 	if err != nil {
-		err = freeze(err) // still guarded: its methods may call Goexit too
+		err = freezer.Freeze(err) // still guarded: its methods may call Goexit too
 	}
 	returned = true
 	return err
 }
 
-// freeze returns what the MQ keeps of a consumer's error: a typed nil
-// becomes [ErrTypedNil], and any other error a [consumerError] holding what
-// its methods said, asked once here, so that settling, logging and
-// dead-lettering never run the consumer's code again (outside process, a
-// Goexit in it would end the worker mid-settle).
-func freeze(err error) error {
-	if isNil(err) {
-		return fmt.Errorf("%w: the consumer returned a nil %T", ErrTypedNil, err)
-	}
-	ce := &consumerError{text: errorText(err), permanent: safeIs(err, ErrPermanent)}
-	if !safeIs(err, ErrPanicked) { // cheaper than panicOf's errors.As, and the common case
-		return ce
-	}
-	if pe := panicOf(err); pe != nil { // keep its text, not the consumer's value
-		ce.panic = &PanicError{Value: valueText(pe.Value), Stack: pe.Stack}
-	}
-	return ce
-}
-
-// freezeAside is freeze for pe, the error a recovered panic became, on a
-// goroutine of its own, counted as the MQ's (own) so that the value's
-// methods calling Stop or Shutdown get ErrCalledFromConsumer: they are the
-// consumer's code, and process's guard is spent once it recovered, so a
-// runtime.Goexit in them must end another goroutine than the worker.
-func freezeAside(own *owned, pe *PanicError) error {
-	frozen := error(&consumerError{text: "tinymq: panic (its value's methods called runtime.Goexit)",
-		panic: &PanicError{Value: "(a value whose methods called runtime.Goexit)", Stack: pe.Stack}})
-	own.guard(func() { frozen = freeze(pe) }) // freeze recovers its own calls; guard is a last one
-	return frozen
-}
-
-// valueText is fmt.Sprint(v), or a description if v's methods panic. What
-// they panicked with is named by its type only: its own methods could panic
-// again.
-func valueText(v any) (s string) {
-	defer func() {
-		if r := recover(); r != nil {
-			s = fmt.Sprintf("%T (its methods panicked with a %T)", v, r)
-		}
-	}()
-	return fmt.Sprint(v)
-}
-
-// consumerError is a consumer's error as the MQ keeps it (see freeze): none
-// of its methods reach the consumer's code.
-type consumerError struct {
-	text      string
-	permanent bool        // it wraps ErrPermanent
-	panic     *PanicError // a copy of the one it wraps, if any, with the value's text as Value
-}
-
-func (e *consumerError) Error() string { return e.text }
-
-func (e *consumerError) Is(target error) bool { return target == ErrPermanent && e.permanent }
-
-func (e *consumerError) Unwrap() error {
-	if e.panic == nil {
-		return nil
-	}
-	return e.panic
-}
-
-// isNil reports whether err is a non-nil interface holding a nil pointer (or
-// map, slice, func, chan): a typed nil, whose methods may panic.
-func isNil(err error) bool {
-	v := reflect.ValueOf(err)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
-}
+// freezer freezes a consumer's error (see process): the typed nil check, and
+// its text, its ErrPermanent and its *PanicError asked once, so that
+// settling, logging and dead-lettering never run the consumer's code again.
+var freezer = guard.Freezer[*PanicError]{TypedNil: ErrTypedNil, Permanent: ErrPermanent, Panicked: ErrPanicked,
+	Unpack: func(pe *PanicError) (any, []byte) { return pe.Value, pe.Stack },
+	Pack:   func(text string, stack []byte) *PanicError { return &PanicError{Value: text, Stack: stack} }}
 
 // settle counts a failed delivery of m (err is not nil; deliver counts the
 // successes) and decides what follows: a retry, or a dead letter.
@@ -227,7 +161,7 @@ func (q *queue) settle(m *Msg, err error) {
 	if q.leftOnDisk(m, err) {
 		return
 	}
-	if m.Attempt < q.cfg.retry.MaxAttempts && !safeIs(err, ErrPermanent) {
+	if m.Attempt < q.cfg.retry.MaxAttempts && !guard.Is(err, ErrPermanent) {
 		q.retryLater(m, err)
 		return
 	}
@@ -257,7 +191,7 @@ func (q *queue) retryLater(m *Msg, err error) {
 	next := m.clone()
 	if k := m.dkey(); k != "" {
 		q.mq.dur.saveState(q.name, k, queueState{attempt: m.Attempt,
-			dueAt: deadline(time.Now(), backoff), lastErr: errorText(err)})
+			dueAt: deadline(time.Now(), backoff), lastErr: guard.ErrorText(err)})
 	}
 	evicted, overflow, aborted := q.schedule(next, backoff)
 	switch {
@@ -288,7 +222,7 @@ func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
 	death := Death{Reason: reason, Exchange: m.Exchange, Queue: q.name, RoutingKey: m.RoutingKey,
 		Attempts: m.Attempt, Count: 1, MessageID: m.ID, Time: time.Now()}
 	if cause != nil {
-		death.LastError = errorText(cause)
+		death.LastError = guard.ErrorText(cause)
 	}
 	deaths := addDeath(m.Deaths, death)
 	dkey := m.dkey()
@@ -373,39 +307,6 @@ func isCycle(deaths []Death, queue string) bool {
 	return false
 }
 
-// safeIs is errors.Is(err, target) for a consumer's error, whose Is and
-// Unwrap methods are user code: a panic in them counts as no match.
-func safeIs(err, target error) (ok bool) {
-	defer func() {
-		if recover() != nil {
-			ok = false
-		}
-	}()
-	return errors.Is(err, target)
-}
-
-// panicOf returns the *PanicError in err's chain, or nil (also when the
-// chain's methods panic).
-func panicOf(err error) (pe *PanicError) {
-	defer func() {
-		if recover() != nil {
-			pe = nil
-		}
-	}()
-	errors.As(err, &pe)
-	return pe
-}
-
-// errorText returns err.Error(), or a description if that panics.
-func errorText(err error) (s string) {
-	defer func() {
-		if r := recover(); r != nil {
-			s = fmt.Sprintf("%T (its Error method panicked with a %T)", err, r)
-		}
-	}()
-	return err.Error()
-}
-
 // logFailure logs what became of m, with err, the consumer's error (if any).
 func (q *queue) logFailure(m *Msg, err error, level slog.Level, msg string, extra ...slog.Attr) {
 	q.mq.logAttrs(level, msg, func(attrs []slog.Attr) []slog.Attr {
@@ -415,8 +316,8 @@ func (q *queue) logFailure(m *Msg, err error, level slog.Level, msg string, extr
 			slog.Uint64("msg_id", m.ID),
 			slog.Int("attempt", m.Attempt))
 		if err != nil {
-			attrs = append(attrs, slog.String("err", errorText(err)))
-			if pe := panicOf(err); pe != nil {
+			attrs = append(attrs, slog.String("err", guard.ErrorText(err)))
+			if pe, _ := guard.As[*PanicError](err); pe != nil {
 				attrs = append(attrs, slog.String("stack", string(pe.Stack)))
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tinymq/tinymq/internal/guard"
 	"github.com/tinymq/tinymq/internal/wal"
 )
 
@@ -433,7 +434,7 @@ func (m *MQ) encodeData(c Codec, data any) ([]byte, error) {
 	}
 	var b []byte
 	var err error
-	p, returned := m.own.guard(func() {
+	p, returned := m.own.Guard(func() {
 		var e error
 		if b, e = c.Marshal(data); e != nil {
 			err = fmt.Errorf("%w: encoding: %w", ErrPayloadType, e)
@@ -442,7 +443,7 @@ func (m *MQ) encodeData(c Codec, data any) ([]byte, error) {
 	switch {
 	case p != nil:
 		text := "a value whose methods called runtime.Goexit"
-		m.own.guard(func() { text = valueText(p) })
+		m.own.Guard(func() { text = guard.ValueText(p) })
 		return nil, fmt.Errorf("%w: the codec panicked: %s", ErrPayloadType, text)
 	case !returned:
 		if err == nil { // Goexit in Marshal, not in the error's methods

@@ -1,15 +1,15 @@
 package tinymq
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tinymq/tinymq/internal/guard"
 )
 
 type mqState uint8
@@ -38,7 +38,7 @@ type MQ struct {
 	//     queues and the scheduler, waits for wg, closes the log, waits for
 	//     the log's lines (waitLogs) and closes done, which every Stop and
 	//     Shutdown waits for.
-	//   - guards (owned.guard): one per call of user code other than a
+	//   - guards (own.Guard, internal/guard): one per call of user code other than a
 	//     consumer (a logger, a codec encoding a dead letter, the methods of
 	//     a consumer's error or panic value), started and joined by the
 	//     goroutine that needs the call.
@@ -78,7 +78,7 @@ type MQ struct {
 	maxSize   int // WithMaxMessageSize; 0: defaultMaxMessageSize
 
 	initOnce sync.Once
-	own      owned // goroutine ids of the MQ's own goroutines
+	own      guard.Owned // goroutine ids of the MQ's own goroutines
 
 	// mu guards everything below it. Publish holds the read lock while it routes
 	// and enqueues (which never blocks on a consumer); declaring, binding,
@@ -160,7 +160,7 @@ func (m *MQ) init() {
 
 // logAttrs logs msg at level with the attributes attrs adds to the slice it
 // is given; attrs is not called when the level is disabled. The logger is
-// user code, so it runs through own.guard: a panic in it is recovered and
+// user code, so it runs through own.Guard: a panic in it is recovered and
 // forgotten, a runtime.Goexit ends only the guard's goroutine, never a
 // worker, the scheduler or the drain in the middle of their bookkeeping, and
 // a logger that calls Stop does not wait for itself. The caller holds no MQ
@@ -171,7 +171,7 @@ func (m *MQ) logAttrs(level slog.Level, msg string, attrs func([]slog.Attr) []sl
 	if m.log == discardLogger {
 		return
 	}
-	m.own.guard(func() {
+	m.own.Guard(func() {
 		ctx := context.Background()
 		if !m.log.Enabled(ctx, level) {
 			return
@@ -208,67 +208,6 @@ func (m *MQ) unlock() {
 		m.logAttrs(l.level, l.msg, func(a []slog.Attr) []slog.Attr { return append(a, l.attrs...) })
 	}
 	settleEvicted(evicted)
-}
-
-// owned is the set of the MQ's own goroutines that run user code, by
-// goroutine id.
-type owned struct {
-	ids sync.Map // uint64 -> struct{}
-}
-
-func (o *owned) enter() uint64 {
-	id := goid()
-	o.ids.Store(id, struct{}{})
-	return id
-}
-
-func (o *owned) leave(id uint64) { o.ids.Delete(id) }
-
-// guard is the one place where the MQ's own goroutines run user code other
-// than a consumer's (loggers, codecs, the methods of a consumer's error or
-// panic value): it calls fn on a goroutine of its own, counted as the MQ's,
-// and waits for it. It returns the value of a panic in fn (recovered), and
-// whether fn returned; a runtime.Goexit in fn ends only that goroutine. The
-// caller holds no MQ lock, so fn may call back into the MQ; a fn that blocks
-// holds its caller, as a consumer that blocks holds its worker.
-func (o *owned) guard(fn func()) (panicked any, returned bool) {
-	done := make(chan struct{})
-	go func() {
-		id := o.enter()
-		defer func() {
-			if !returned {
-				panicked = recover()
-			}
-			o.leave(id)
-			close(done)
-		}()
-		fn()
-		returned = true
-	}()
-	<-done
-	return panicked, returned
-}
-
-// mine reports whether the calling goroutine is one of the MQ's own.
-func (o *owned) mine() bool {
-	_, ok := o.ids.Load(goid())
-	return ok
-}
-
-// goid returns the calling goroutine's id, read from the first line of its
-// stack ("goroutine 42 [running]:"). It costs about a microsecond, so it is
-// called when a goroutine starts and by Stop, never per message.
-func goid() uint64 {
-	var buf [64]byte
-	b := bytes.TrimPrefix(buf[:runtime.Stack(buf[:], false)], []byte("goroutine "))
-	var id uint64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			break
-		}
-		id = id*10 + uint64(c-'0')
-	}
-	return id
 }
 
 // DeclareExchange declares an exchange of the given kind, so that it can take
@@ -569,7 +508,7 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 	if m.stoppedNew && m.loggedNew.CompareAndSwap(false, true) {
 		m.logLost("tinymq: stopped before Start, messages not delivered")
 	}
-	if m.own.mine() {
+	if m.own.Mine() {
 		return ErrCalledFromConsumer
 	}
 	// done first: when both done and ctx are ready, select would pick one at
@@ -667,8 +606,8 @@ func (m *MQ) beginStop() {
 // scheduler, waits for every worker, and closes done. After an abort it logs
 // what was dropped.
 func (m *MQ) drain(queues []*queue) {
-	id := m.own.enter()
-	defer m.own.leave(id)
+	id := m.own.Enter()
+	defer m.own.Leave(id)
 wait:
 	for !quiescent(queues) {
 		select {

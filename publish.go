@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tinymq/tinymq/internal/guard"
 	"github.com/tinymq/tinymq/internal/wal"
 )
 
@@ -597,7 +598,7 @@ func (m *MQ) preEncode(exchange string, data any, pc *publishConfig) (err error)
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: the codec panicked: %s", ErrPayloadType, valueText(r))
+			err = fmt.Errorf("%w: the codec panicked: %s", ErrPayloadType, guard.ValueText(r))
 		}
 	}()
 	b, err := m.codec.Marshal(data)

@@ -4,6 +4,8 @@ import (
 	"container/heap"
 	"sync"
 	"time"
+
+	"github.com/tinymq/tinymq/internal/guard"
 )
 
 // scheduler holds the messages that wait for a delay or a retry backoff, and
@@ -73,10 +75,10 @@ func (s *scheduler) dropQueue(q *queue) {
 }
 
 // run releases due messages until quit is closed.
-func (s *scheduler) run(quit <-chan struct{}, wg *sync.WaitGroup, own *owned) {
-	id := own.enter()
+func (s *scheduler) run(quit <-chan struct{}, wg *sync.WaitGroup, own *guard.Owned) {
+	id := own.Enter()
 	defer func() {
-		own.leave(id)
+		own.Leave(id)
 		wg.Done()
 	}()
 	timer := time.NewTimer(time.Hour)
