@@ -83,16 +83,6 @@ func (JSONCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(dat
 // ContentType returns "application/json".
 func (JSONCodec) ContentType() string { return "application/json" }
 
-// WithCodec sets the codec of messages that leave memory (see [Codec]). A nil
-// codec, like the default, is [JSONCodec].
-func WithCodec(c Codec) Option {
-	return optionFunc(func(m *MQ) {
-		if c != nil {
-			m.codec = c
-		}
-	})
-}
-
 // Encoded is the Data of a message that was stored or sent in encoded form
 // (a durable queue or a broker engine), as an untyped consumer receives it:
 // the codec's bytes of the published value, and the codec to decode them

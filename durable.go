@@ -14,65 +14,6 @@ import (
 	"github.com/tinymq/tinymq/internal/wal"
 )
 
-// WithDataDir makes the MQ keep the messages of its durable queues
-// ([WithDurable]) in a write-ahead log in dir, created if missing. The log is
-// opened by the first RegisterQueue of a durable queue, or by Start; a second
-// MQ, in this process or another, opening the same dir gets an error wrapping
-// [ErrLocked] from that call. Stop and Shutdown close it.
-//
-// With a data directory, message IDs stay unique across restarts: each
-// exchange reserves its IDs in blocks recorded in the log.
-func WithDataDir(dir string) Option {
-	return optionFunc(func(m *MQ) { m.dataDir = dir })
-}
-
-// WithLogRepair lets the MQ open a write-ahead log that is damaged before its
-// end (a bad record followed by good ones; a torn tail left by a crash is
-// always cut): the log is cut at the first bad byte, the bytes cut are kept
-// beside it in files named "<segment>.corrupt-<offset>", and what was cut is
-// logged. Without it such a log makes Start (or the first RegisterQueue of a
-// durable queue) fail with an error wrapping [ErrLog] that names the file and
-// the offset. Messages after the damage are lost to the MQ, so repair only
-// after keeping a copy of the directory.
-func WithLogRepair() Option {
-	return optionFunc(func(m *MQ) { m.repairLog = true })
-}
-
-// WithSync sets how a Publish to a durable queue waits for the disk. With 0,
-// the default, Publish returns nil only once the message is on disk (an
-// fdatasync covers it); concurrent publishers share one fdatasync (group
-// commit), so throughput grows with them. With an interval d > 0, Publish
-// returns once the message is written to the operating system, and the log is
-// synced at least every d: a crash of the process loses nothing, a crash of
-// the machine or a power loss loses the messages of the last d. A negative d
-// is invalid: the calls that open the log ([MQ.Start], and [MQ.RegisterQueue]
-// or [MQ.DeclareExchange] on an MQ with a data directory) return an error
-// wrapping [ErrInvalidOption].
-func WithSync(d time.Duration) Option {
-	return optionFunc(func(m *MQ) { m.syncEvery = d })
-}
-
-// WithDurable makes the queue keep its messages in the MQ's write-ahead log
-// (see [WithDataDir]), so that they survive a crash or a kill -9: a Publish
-// that reached the queue returned nil only once the message was on disk, and
-// on the next Start with the same directory, after the queue is registered
-// again under the same name, every message that its consumer had not
-// acknowledged (returned nil for) is delivered again, with
-// [Msg.Redelivered] set. Retry attempts and backoffs, delays, TTL deadlines
-// and death records survive too.
-//
-// Data reaches the consumer of a durable queue as an [Encoded], made by the
-// MQ's [Codec], every time, before and after a restart alike; a [Handler]
-// consumer gets its type T as on any queue. The queue needs a stable name
-// ([WithQueueName]) and the MQ a data directory; otherwise RegisterQueue
-// returns [ErrInvalidOption].
-func WithDurable() QueueOption {
-	return queueOptionFunc(func(c *queueConfig) error {
-		c.durable = true
-		return nil
-	})
-}
-
 // walFaults, set only by tests, injects disk faults into every log opened.
 var walFaults *wal.Faults
 
@@ -454,6 +395,23 @@ func (m *MQ) encodeData(c Codec, data any) ([]byte, error) {
 	return b, err
 }
 
+// deadSource is a durable queue's message being dead-lettered: its
+// acknowledgement joins the dead letter's log record when the dead letter
+// reaches a durable queue (moved), and is made on its own otherwise
+// (ackUnmoved).
+type deadSource struct {
+	queue, key string
+	moved      bool
+}
+
+// ackUnmoved acknowledges src's message unless the dead letter's record
+// carried the acknowledgement. A nil src has nothing to acknowledge.
+func (d *durableLog) ackUnmoved(src *deadSource) {
+	if src != nil && !src.moved {
+		d.ack(src.queue, src.key, nil)
+	}
+}
+
 // ack records that queue is done with the message of key (acknowledged,
 // dead-lettered, dropped or expired). With b, the records join b (so that a
 // dead letter's move is one atomic batch); otherwise they are ordered in the
@@ -560,59 +518,39 @@ func (m *MQ) restore(q *queue) {
 		return
 	}
 	now := time.Now().UnixNano()
-	var later []schedItem
 	var block []restored
-	q.mu.Lock()
-	for i := range list {
-		r := &list[i]
-		ttl := r.expiration
-		if q.cfg.ttl > 0 && (ttl == 0 || q.cfg.ttl < ttl) {
-			ttl = q.cfg.ttl
-		}
-		var expires int64
-		if ttl > 0 {
-			expires = deadline(time.Unix(0, r.visibleAt), ttl)
-		}
-		due := r.visibleAt
-		var e entry
-		if r.state != nil {
-			due = max(due, r.state.dueAt)
-			e = entry{m: lazyMsg(r.key, r.id, q.name, expires, r.state)}
-		} else if due > now {
-			e = entry{m: lazyMsg(r.key, r.id, q.name, expires, nil)}
-		} else {
-			if len(block) == cap(block) { // blocks, so that what is delivered is freed
-				block = make([]restored, 0, min(restoredBlock, len(list)-i))
+	entries := func(yield func(entry, int64) bool) {
+		for i := range list {
+			r := &list[i]
+			ttl := r.expiration
+			if q.cfg.ttl > 0 && (ttl == 0 || q.cfg.ttl < ttl) {
+				ttl = q.cfg.ttl
 			}
-			block = append(block, restored{key: r.key, expires: expires})
-			e = entry{m: restoredMark, id: r.id, data: &block[len(block)-1]}
-		}
-		if q.cfg.overflow == DropHead && q.fullLocked() {
-			// The limit applies to what is restored as to a publish (as
-			// RabbitMQ applies a max-length policy to a queue that holds
-			// more): the oldest ready message goes, or, when every one
-			// waits in the scheduler, this one.
-			if q.buf.n > 0 {
-				h := q.popLocked()
-				m.evicted = append(m.evicted, eviction{q, h.msg(q.name)})
+			var expires int64
+			if ttl > 0 {
+				expires = deadline(time.Unix(0, r.visibleAt), ttl)
+			}
+			due := r.visibleAt
+			var e entry
+			if r.state != nil {
+				due = max(due, r.state.dueAt)
+				e = entry{m: lazyMsg(r.key, r.id, q.name, expires, r.state)}
+			} else if due > now {
+				e = entry{m: lazyMsg(r.key, r.id, q.name, expires, nil)}
 			} else {
-				q.accepted++
-				m.evicted = append(m.evicted, eviction{q, e.msg(q.name)})
-				continue
+				if len(block) == cap(block) { // blocks, so that what is delivered is freed
+					block = make([]restored, 0, min(restoredBlock, len(list)-i))
+				}
+				block = append(block, restored{key: r.key, expires: expires})
+				e = entry{m: restoredMark, id: r.id, data: &block[len(block)-1]}
+			}
+			if !yield(e, due) {
+				return
 			}
 		}
-		q.accepted++
-		q.entered++
-		if due > now {
-			q.scheduled++
-			later = append(later, schedItem{due: time.Unix(0, due), q: q, m: e.m})
-			continue
-		}
-		q.buf.push(e)
 	}
-	expiry := q.armExpiryLocked()
-	q.mu.Unlock()
-	q.wakeAfter(false, expiry)
+	evicted, later := q.restore(entries, now)
+	m.evicted = append(m.evicted, evicted...)
 	for _, it := range later {
 		m.sched.add(it.due, it.q, it.m)
 	}
@@ -727,4 +665,119 @@ func (m *MQ) waitLogs() {
 			return append(a, slog.Uint64("count", n))
 		})
 	}
+}
+
+// logMessage writes the message to the log when some of dst are durable, and
+// gives those queues their own Msg with the encoded Data; otherwise it only
+// records the ID's use. It blocks for the sync, so the caller holds no MQ
+// lock.
+func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, msgs []*Msg, data any, pc *publishConfig, deaths []Death, dl *deadLetter) error {
+	if !slices.ContainsFunc(dst, func(q *queue) bool { return q.cfg.durable }) {
+		m.reserveIDsIfLogged(ex, id)
+		return nil
+	}
+	d := m.dur // durable queues exist only once the log is open
+	body := pc.encoded
+	raw, inPlace := jsonBytes(d.codec, data) // encoded straight into the record: no codec, no copy
+	switch {
+	case body != nil:
+		raw, inPlace = nil, false
+	case inPlace:
+		if err := m.checkEncoded(jsonBytesLen(len(raw))); err != nil {
+			return err
+		}
+	default: // before reserveIDs, which may hold ex.reserveMu until the commit: the codec is user code
+		var err error
+		if body, err = m.encodeData(d.codec, data); err != nil {
+			return err
+		}
+	}
+	sc := getScratch()
+	defer putScratch(sc)
+	b := &sc.b
+	reserved, err := m.reserveIDs(ex, id, b)
+	if err != nil {
+		return err
+	}
+	committed := false
+	defer func() { reserved(committed) }()
+	var kbuf [64]byte
+	kb := appendMsgKey(kbuf[:0], ex.name, id)
+	key := string(kb)
+	var qbuf [4]string
+	rec := storedMsg{publishedAt: now.UnixNano(), visibleAt: deadline(now, pc.delay), expiration: pc.ttl,
+		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body, queues: qbuf[:0]}
+	for i, q := range dst {
+		if q.cfg.durable {
+			rec.queues = append(rec.queues, q.name)
+			// A durable queue's Msg is its own, made by publish for this
+			// publish (durable queues never share their exchange's
+			// prototype), so it is filled in place.
+			msgs[i].ext().dkey = key
+		}
+	}
+	var inBatch []byte
+	inBatch, sc.val = rec.putIn(b, kb, sc.val, raw)
+	if inBatch != nil {
+		body = inBatch
+	}
+	if inPlace { // body is in b's bytes, which the consumers keep: b is not reused
+		defer func() { sc.b = wal.Batch{} }()
+	}
+	for i, q := range dst {
+		if q.cfg.durable {
+			msgs[i].Data = Encoded{Body: body, Codec: d.codec}
+		}
+	}
+	if dl != nil && dl.src != nil { // the move to a durable queue is one record
+		d.ack(dl.src.queue, dl.src.key, b)
+		dl.src.moved = true
+	}
+	// Refs count the durable queues still holding a message. A message of
+	// one durable queue needs none until it saves a retry state (see
+	// saveState): ack takes a missing entry for a last one. That keeps the
+	// common publish off d.mu.
+	shared := len(rec.queues) > 1
+	if shared {
+		d.mu.Lock()
+		d.refs[key] = &msgRefs{pending: len(rec.queues)}
+		d.mu.Unlock()
+	}
+	if err := d.log.Commit(b); err != nil {
+		if shared {
+			d.mu.Lock()
+			delete(d.refs, key)
+			d.mu.Unlock()
+		}
+		return fmt.Errorf("%w: %w", ErrLog, err)
+	}
+	committed = true
+	return nil
+}
+
+// scratch is a batch and a buffer for writing a log record: Commit and
+// CommitAsync copy the batch, so a publish or an acknowledgement can reuse
+// one from scratchPool instead of allocating its own.
+type scratch struct {
+	b   wal.Batch
+	val []byte
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// maxScratch is the largest buffer scratchPool keeps.
+const maxScratch = 64 << 10
+
+func getScratch() *scratch {
+	sc := scratchPool.Get().(*scratch)
+	sc.b.Reset()
+	sc.val = sc.val[:0]
+	return sc
+}
+
+func putScratch(sc *scratch) {
+	if cap(sc.val) > maxScratch || sc.b.Size() > 2*maxScratch {
+		return // do not keep the memory of one large message
+	}
+	scratchPool.Put(sc)
 }

@@ -111,15 +111,3 @@ type Publishing struct {
 	Expiration time.Duration
 	Delay      time.Duration
 }
-
-// WithEngine makes the MQ run on e instead of in memory. A nil e, like the
-// default, keeps the MQ in memory.
-// An Engine serves one MQ: give each MQ an option of its own (such as a new
-// amqp.Engine call). See [Engine].
-func WithEngine(e Engine) Option {
-	return optionFunc(func(m *MQ) {
-		if e != nil {
-			m.engine = e
-		}
-	})
-}

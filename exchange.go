@@ -45,11 +45,6 @@ func (k ExchangeType) String() string {
 
 func (k ExchangeType) valid() bool { return k >= Fanout && k <= Headers }
 
-// ExchangeOption configures an exchange in [MQ.DeclareExchange].
-type ExchangeOption interface {
-	applyExchange(*exchangeConfig)
-}
-
 type exchangeConfig struct {
 	alternate string
 }
@@ -57,14 +52,6 @@ type exchangeConfig struct {
 type exchangeOptionFunc func(*exchangeConfig)
 
 func (f exchangeOptionFunc) applyExchange(c *exchangeConfig) { f(c) }
-
-// WithAlternateExchange names the exchange that receives, with the same routing
-// key and headers, every message this exchange cannot route to any queue, as
-// RabbitMQ's alternate-exchange argument does. Publish returns [ErrNoRoute] only
-// when the alternate exchange cannot route it either (or does not exist).
-func WithAlternateExchange(name string) ExchangeOption {
-	return exchangeOptionFunc(func(c *exchangeConfig) { c.alternate = name })
-}
 
 // exchange stamps messages with a sequence number and routes copies of them to
 // its bound queues. Its bindings are guarded by the MQ's lock: read under the

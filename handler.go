@@ -62,23 +62,6 @@ func decodeAs[T any](data any, nilOK bool) (T, error) {
 	}
 }
 
-// Delivery is one message as a [RegisterDeliveryHandler] consumer receives
-// it: by value, so that handing it over allocates nothing. Its fields mean
-// what the same fields of [Msg] mean, with Data already a T. The consumer owns
-// its copy; Headers and Deaths are shared with the message's other copies, so
-// treat them as read-only.
-type Delivery[T any] struct {
-	ID          uint64
-	Exchange    string
-	Queue       string
-	RoutingKey  string
-	Headers     map[string]any
-	Data        T
-	Attempt     int
-	Deaths      []Death
-	Redelivered bool
-}
-
 // RegisterHandler is [MQ.RegisterQueue] for a consumer of one payload type,
 // which never sees a [Msg]: a delivery whose Data is already a T allocates
 // nothing, where a [ConsumerFunc] gets a newly allocated *Msg every time.
@@ -120,17 +103,4 @@ func RegisterDeliveryHandler[T any](m *MQ, exchange string, kind ExchangeType, f
 	// On an engine the queue is consumed through a ConsumerFunc.
 	asMsg := func(ctx context.Context, msg *Msg) error { return direct(ctx, msg.delivery()) }
 	return m.register(exchange, kind, consumer{fn: asMsg, direct: direct}, concurrency, opts)
-}
-
-// consumer is a queue's consumer: fn, or direct when it is set (fn is then
-// the same consumer as a ConsumerFunc, for engines).
-type consumer struct {
-	fn     ConsumerFunc
-	direct func(ctx context.Context, d Delivery[any]) error
-}
-
-// delivery is m as a direct consumer receives it.
-func (m *Msg) delivery() Delivery[any] {
-	return Delivery[any]{ID: m.ID, Exchange: m.Exchange, Queue: m.Queue, RoutingKey: m.RoutingKey,
-		Headers: m.Headers, Data: m.Data, Attempt: m.Attempt, Deaths: m.Deaths, Redelivered: m.Redelivered}
 }

@@ -1,17 +1,138 @@
 package tinymq
 
-import "log/slog"
+import (
+	"context"
+	"log/slog"
+	"sync"
+)
 
-// WithLogger sets the logger that TinyMQ reports to what it cannot return as an
-// error: failed deliveries (with the keys exchange, queue, msg_id, err, and stack
-// for panics) and messages a shutdown left undelivered. A nil logger, like the
-// default, discards everything.
-func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(m *MQ) {
-		if l != nil {
-			m.log = l
+var discardLogger = slog.New(slog.DiscardHandler)
+
+// logAttrs logs msg at level with the attributes attrs adds to the slice it
+// is given; attrs is not called when the level is disabled. The logger is
+// user code, so it runs through own.Guard: a panic in it is recovered and
+// forgotten, a runtime.Goexit ends only the guard's goroutine, never a
+// worker, the scheduler or the drain in the middle of their bookkeeping, and
+// a logger that calls Stop does not wait for itself. The caller holds no MQ
+// lock (under the write lock, use logHeld). Logging happens only on
+// failures, so the goroutine (about a microsecond) is off the delivery path;
+// the default logger, which discards, costs nothing.
+func (m *MQ) logAttrs(level slog.Level, msg string, attrs func([]slog.Attr) []slog.Attr) {
+	if m.log == discardLogger {
+		return
+	}
+	m.own.Guard(func() {
+		ctx := context.Background()
+		if !m.log.Enabled(ctx, level) {
+			return
 		}
+		m.log.LogAttrs(ctx, level, msg, attrs(make([]slog.Attr, 0, 8))...)
 	})
 }
 
-var discardLogger = slog.New(slog.DiscardHandler)
+// heldLog is a line to log once the write lock is released: loggers are
+// user code, which never runs under an MQ lock (it may call back into the
+// MQ).
+type heldLog struct {
+	level slog.Level
+	msg   string
+	attrs []slog.Attr
+}
+
+// logHeld has unlock log msg with attrs. The caller holds the write lock.
+func (m *MQ) logHeld(level slog.Level, msg string, attrs ...slog.Attr) {
+	if m.log == discardLogger {
+		return
+	}
+	m.held = append(m.held, heldLog{level: level, msg: msg, attrs: attrs})
+}
+
+// unlock releases the write lock, then logs what logHeld held and
+// dead-letters what restore evicted (a dead letter is a publish: it needs
+// the read lock).
+func (m *MQ) unlock() {
+	held, evicted := m.held, m.evicted
+	m.held, m.evicted = nil, nil
+	m.mu.Unlock()
+	for _, l := range held {
+		m.logAttrs(l.level, l.msg, func(a []slog.Attr) []slog.Attr { return append(a, l.attrs...) })
+	}
+	settleEvicted(evicted)
+}
+
+// maxWalLogs bounds the log lines of the write-ahead log that wait for a
+// slow logger at once; past it, lines are dropped (and counted).
+const maxWalLogs = 16
+
+// walLogger is the log's Options.Log for one open log. The log never calls
+// user code itself: while wal.Open runs (under the MQ's write lock) its lines
+// are held, for unlock to log; afterwards each line is logged on a goroutine
+// of its own through guard, which the log's writer does not wait for, so
+// that a logger that panics, blocks or calls back into the MQ never stops
+// the writer. Those goroutines are the MQ's: drain and beginStop join them
+// (see waitLogs).
+type walLogger struct {
+	m *MQ
+
+	mu      sync.Mutex
+	opening bool      // wal.Open has not returned: hold the lines
+	held    []heldLog // the lines logged while opening
+	pending int       // lines being logged now
+	dropped uint64    // lines dropped because maxWalLogs were pending
+	idle    *sync.Cond
+}
+
+func newWalLogger(m *MQ) *walLogger {
+	w := &walLogger{m: m, opening: true}
+	w.idle = sync.NewCond(&w.mu)
+	return w
+}
+
+// log is called by the log's goroutines and by wal.Open; it never blocks on
+// the logger.
+func (w *walLogger) log(level slog.Level, msg string, attrs ...slog.Attr) {
+	if w.m.log == discardLogger {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.opening {
+		w.held = append(w.held, heldLog{level: level, msg: msg, attrs: attrs})
+		return
+	}
+	if w.pending >= maxWalLogs {
+		w.dropped++
+		return
+	}
+	w.pending++
+	go func() {
+		w.m.logAttrs(level, msg, func(a []slog.Attr) []slog.Attr { return append(a, attrs...) })
+		w.mu.Lock()
+		w.pending--
+		if w.pending == 0 {
+			w.idle.Broadcast()
+		}
+		w.mu.Unlock()
+	}()
+}
+
+// opened ends the holding: the held lines go to m.held, which unlock logs.
+// The caller holds the MQ's write lock.
+func (w *walLogger) opened() {
+	w.mu.Lock()
+	w.opening = false
+	held := w.held
+	w.held = nil
+	w.mu.Unlock()
+	w.m.held = append(w.m.held, held...)
+}
+
+// wait returns once no line is being logged, and how many were dropped.
+func (w *walLogger) wait() (dropped uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for w.pending > 0 {
+		w.idle.Wait()
+	}
+	return w.dropped
+}

@@ -158,58 +158,6 @@ func (m *MQ) init() {
 	})
 }
 
-// logAttrs logs msg at level with the attributes attrs adds to the slice it
-// is given; attrs is not called when the level is disabled. The logger is
-// user code, so it runs through own.Guard: a panic in it is recovered and
-// forgotten, a runtime.Goexit ends only the guard's goroutine, never a
-// worker, the scheduler or the drain in the middle of their bookkeeping, and
-// a logger that calls Stop does not wait for itself. The caller holds no MQ
-// lock (under the write lock, use logHeld). Logging happens only on
-// failures, so the goroutine (about a microsecond) is off the delivery path;
-// the default logger, which discards, costs nothing.
-func (m *MQ) logAttrs(level slog.Level, msg string, attrs func([]slog.Attr) []slog.Attr) {
-	if m.log == discardLogger {
-		return
-	}
-	m.own.Guard(func() {
-		ctx := context.Background()
-		if !m.log.Enabled(ctx, level) {
-			return
-		}
-		m.log.LogAttrs(ctx, level, msg, attrs(make([]slog.Attr, 0, 8))...)
-	})
-}
-
-// heldLog is a line to log once the write lock is released: loggers are
-// user code, which never runs under an MQ lock (it may call back into the
-// MQ).
-type heldLog struct {
-	level slog.Level
-	msg   string
-	attrs []slog.Attr
-}
-
-// logHeld has unlock log msg with attrs. The caller holds the write lock.
-func (m *MQ) logHeld(level slog.Level, msg string, attrs ...slog.Attr) {
-	if m.log == discardLogger {
-		return
-	}
-	m.held = append(m.held, heldLog{level: level, msg: msg, attrs: attrs})
-}
-
-// unlock releases the write lock, then logs what logHeld held and
-// dead-letters what restore evicted (a dead letter is a publish: it needs
-// the read lock).
-func (m *MQ) unlock() {
-	held, evicted := m.held, m.evicted
-	m.held, m.evicted = nil, nil
-	m.mu.Unlock()
-	for _, l := range held {
-		m.logAttrs(l.level, l.msg, func(a []slog.Attr) []slog.Attr { return append(a, l.attrs...) })
-	}
-	settleEvicted(evicted)
-}
-
 // DeclareExchange declares an exchange of the given kind, so that it can take
 // options such as [WithAlternateExchange]. Declaring an existing exchange again
 // with the same kind and options does nothing; with others it returns

@@ -2,6 +2,7 @@ package tinymq
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -273,4 +274,168 @@ func WithMaxLen(n int, overflow Overflow) QueueOption {
 		c.maxLen, c.overflow = n, overflow
 		return nil
 	})
+}
+
+// WithLogger sets the logger that TinyMQ reports to what it cannot return as an
+// error: failed deliveries (with the keys exchange, queue, msg_id, err, and stack
+// for panics) and messages a shutdown left undelivered. A nil logger, like the
+// default, discards everything.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(m *MQ) {
+		if l != nil {
+			m.log = l
+		}
+	})
+}
+
+// WithCodec sets the codec of messages that leave memory (see [Codec]). A nil
+// codec, like the default, is [JSONCodec].
+func WithCodec(c Codec) Option {
+	return optionFunc(func(m *MQ) {
+		if c != nil {
+			m.codec = c
+		}
+	})
+}
+
+// WithEngine makes the MQ run on e instead of in memory. A nil e, like the
+// default, keeps the MQ in memory.
+// An Engine serves one MQ: give each MQ an option of its own (such as a new
+// amqp.Engine call). See [Engine].
+func WithEngine(e Engine) Option {
+	return optionFunc(func(m *MQ) {
+		if e != nil {
+			m.engine = e
+		}
+	})
+}
+
+// WithDataDir makes the MQ keep the messages of its durable queues
+// ([WithDurable]) in a write-ahead log in dir, created if missing. The log is
+// opened by the first RegisterQueue of a durable queue, or by Start; a second
+// MQ, in this process or another, opening the same dir gets an error wrapping
+// [ErrLocked] from that call. Stop and Shutdown close it.
+//
+// With a data directory, message IDs stay unique across restarts: each
+// exchange reserves its IDs in blocks recorded in the log.
+func WithDataDir(dir string) Option {
+	return optionFunc(func(m *MQ) { m.dataDir = dir })
+}
+
+// WithLogRepair lets the MQ open a write-ahead log that is damaged before its
+// end (a bad record followed by good ones; a torn tail left by a crash is
+// always cut): the log is cut at the first bad byte, the bytes cut are kept
+// beside it in files named "<segment>.corrupt-<offset>", and what was cut is
+// logged. Without it such a log makes Start (or the first RegisterQueue of a
+// durable queue) fail with an error wrapping [ErrLog] that names the file and
+// the offset. Messages after the damage are lost to the MQ, so repair only
+// after keeping a copy of the directory.
+func WithLogRepair() Option {
+	return optionFunc(func(m *MQ) { m.repairLog = true })
+}
+
+// WithSync sets how a Publish to a durable queue waits for the disk. With 0,
+// the default, Publish returns nil only once the message is on disk (an
+// fdatasync covers it); concurrent publishers share one fdatasync (group
+// commit), so throughput grows with them. With an interval d > 0, Publish
+// returns once the message is written to the operating system, and the log is
+// synced at least every d: a crash of the process loses nothing, a crash of
+// the machine or a power loss loses the messages of the last d. A negative d
+// is invalid: the calls that open the log ([MQ.Start], and [MQ.RegisterQueue]
+// or [MQ.DeclareExchange] on an MQ with a data directory) return an error
+// wrapping [ErrInvalidOption].
+func WithSync(d time.Duration) Option {
+	return optionFunc(func(m *MQ) { m.syncEvery = d })
+}
+
+// WithDurable makes the queue keep its messages in the MQ's write-ahead log
+// (see [WithDataDir]), so that they survive a crash or a kill -9: a Publish
+// that reached the queue returned nil only once the message was on disk, and
+// on the next Start with the same directory, after the queue is registered
+// again under the same name, every message that its consumer had not
+// acknowledged (returned nil for) is delivered again, with
+// [Msg.Redelivered] set. Retry attempts and backoffs, delays, TTL deadlines
+// and death records survive too.
+//
+// Data reaches the consumer of a durable queue as an [Encoded], made by the
+// MQ's [Codec], every time, before and after a restart alike; a [Handler]
+// consumer gets its type T as on any queue. The queue needs a stable name
+// ([WithQueueName]) and the MQ a data directory; otherwise RegisterQueue
+// returns [ErrInvalidOption].
+func WithDurable() QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		c.durable = true
+		return nil
+	})
+}
+
+// ExchangeOption configures an exchange in [MQ.DeclareExchange].
+type ExchangeOption interface {
+	applyExchange(*exchangeConfig)
+}
+
+// WithAlternateExchange names the exchange that receives, with the same routing
+// key and headers, every message this exchange cannot route to any queue, as
+// RabbitMQ's alternate-exchange argument does. Publish returns [ErrNoRoute] only
+// when the alternate exchange cannot route it either (or does not exist).
+func WithAlternateExchange(name string) ExchangeOption {
+	return exchangeOptionFunc(func(c *exchangeConfig) { c.alternate = name })
+}
+
+// PublishOption configures one Publish call. Options are plain values, so
+// passing them allocates nothing. Make them with the With functions; Publish
+// refuses the zero PublishOption with [ErrInvalidOption].
+type PublishOption struct {
+	kind    publishOptionKind
+	key     string
+	headers map[string]any
+	d       time.Duration
+}
+
+type publishOptionKind uint8
+
+const (
+	_ publishOptionKind = iota
+	optRoutingKey
+	optHeaders
+	optExpiration
+	optDelay
+)
+
+// WithRoutingKey sets the message's routing key, which direct and topic
+// exchanges route by. It is at most 255 bytes; fanout and headers exchanges
+// ignore it but still hand it to the consumer in [Msg.RoutingKey].
+func WithRoutingKey(key string) PublishOption {
+	return PublishOption{kind: optRoutingKey, key: key}
+}
+
+// WithHeaders sets the message's headers, which headers exchanges route by.
+// Values must have an AMQP equivalent: nil, bool, the Go integer types but
+// uintptr (uint and uint64 only up to math.MaxInt64, AMQP's largest), the
+// float types, string, []byte, time.Time, []any and map[string]any of those,
+// nested at most 32 deep, holding at most 65536 values (nested ones
+// included) and 1 MiB of keys, strings and byte arrays in all, where a table
+// or array that appears in several places counts in each; a table or array
+// that contains itself is refused. Through a durable queue's log every value keeps its
+// Go type; a time.Time comes back as the same instant (compare with Equal).
+// Publish returns [ErrInvalidHeaders] otherwise. The map is shared with the
+// consumers, not copied: do not modify it after Publish.
+func WithHeaders(h map[string]any) PublishOption {
+	return PublishOption{kind: optHeaders, headers: h}
+}
+
+// WithExpiration gives the message a time to live in every queue it reaches
+// (RabbitMQ's expiration property), counted
+// from when it is enqueued (after any delay): once it passes, the message is
+// never handed to a consumer but dead-lettered with reason [ReasonExpired]. A
+// queue's own TTL ([WithMessageTTL]) applies too; the shorter wins.
+func WithExpiration(ttl time.Duration) PublishOption {
+	return PublishOption{kind: optExpiration, d: ttl}
+}
+
+// WithDelay makes the message visible to consumers only after d. Publish
+// returns at once; the message counts as accepted (and towards a queue's
+// length limit) while it waits, and Stop waits for it.
+func WithDelay(d time.Duration) PublishOption {
+	return PublishOption{kind: optDelay, d: d}
 }

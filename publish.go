@@ -6,11 +6,9 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/tinymq/tinymq/internal/guard"
-	"github.com/tinymq/tinymq/internal/wal"
 )
 
 // Publish is [MQ.PublishContext] with a context that never ends. It blocks only
@@ -97,10 +95,10 @@ func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc 
 // isCycle), does not get its copy, and the others do. It fails only when no
 // queue gets the message.
 //
-// src adds the source queue's acknowledgement to the log batch of a dead
-// letter that reaches a durable queue, so that the move is atomic; when it
-// is not called, the caller acknowledges on its own.
-func (m *MQ) publishDead(exchange string, data any, key string, headers map[string]any, deaths []Death, src func(*wal.Batch)) error {
+// src, when not nil, is the durable source queue's message: its
+// acknowledgement joins the log record of a dead letter that reaches a
+// durable queue, so that the move is atomic (see deadSource).
+func (m *MQ) publishDead(exchange string, data any, key string, headers map[string]any, deaths []Death, src *deadSource) error {
 	r := records{data: data, pc: publishConfig{routingKey: key, headers: headers}, deaths: deaths}
 	_, err := m.publish(exchange, &r, &deadLetter{src: src})
 	settleEvicted(r.evicted)
@@ -122,7 +120,7 @@ func settleEvicted(evs []eviction) {
 // deadLetter marks a publish as a dead letter: internal, not all or nothing,
 // and going on while the MQ stops.
 type deadLetter struct {
-	src func(*wal.Batch) // see publishDead; may be nil
+	src *deadSource // see publishDead; may be nil
 }
 
 // publish routes and enqueues under the read lock, so that Stop, which takes
@@ -407,120 +405,6 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 	return nil, nil
 }
 
-// logMessage writes the message to the log when some of dst are durable, and
-// gives those queues their own Msg with the encoded Data; otherwise it only
-// records the ID's use. It blocks for the sync, so the caller holds no MQ
-// lock.
-func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, msgs []*Msg, data any, pc *publishConfig, deaths []Death, dl *deadLetter) error {
-	if !slices.ContainsFunc(dst, func(q *queue) bool { return q.cfg.durable }) {
-		m.reserveIDsIfLogged(ex, id)
-		return nil
-	}
-	d := m.dur // durable queues exist only once the log is open
-	body := pc.encoded
-	raw, inPlace := jsonBytes(d.codec, data) // encoded straight into the record: no codec, no copy
-	switch {
-	case body != nil:
-		raw, inPlace = nil, false
-	case inPlace:
-		if err := m.checkEncoded(jsonBytesLen(len(raw))); err != nil {
-			return err
-		}
-	default: // before reserveIDs, which may hold ex.reserveMu until the commit: the codec is user code
-		var err error
-		if body, err = m.encodeData(d.codec, data); err != nil {
-			return err
-		}
-	}
-	sc := getScratch()
-	defer putScratch(sc)
-	b := &sc.b
-	reserved, err := m.reserveIDs(ex, id, b)
-	if err != nil {
-		return err
-	}
-	committed := false
-	defer func() { reserved(committed) }()
-	var kbuf [64]byte
-	kb := appendMsgKey(kbuf[:0], ex.name, id)
-	key := string(kb)
-	var qbuf [4]string
-	rec := storedMsg{publishedAt: now.UnixNano(), visibleAt: deadline(now, pc.delay), expiration: pc.ttl,
-		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body, queues: qbuf[:0]}
-	for i, q := range dst {
-		if q.cfg.durable {
-			rec.queues = append(rec.queues, q.name)
-			// A durable queue's Msg is its own, made by publish for this
-			// publish (durable queues never share their exchange's
-			// prototype), so it is filled in place.
-			msgs[i].ext().dkey = key
-		}
-	}
-	var inBatch []byte
-	inBatch, sc.val = rec.putIn(b, kb, sc.val, raw)
-	if inBatch != nil {
-		body = inBatch
-	}
-	if inPlace { // body is in b's bytes, which the consumers keep: b is not reused
-		defer func() { sc.b = wal.Batch{} }()
-	}
-	for i, q := range dst {
-		if q.cfg.durable {
-			msgs[i].Data = Encoded{Body: body, Codec: d.codec}
-		}
-	}
-	if dl != nil && dl.src != nil {
-		dl.src(b)
-	}
-	// Refs count the durable queues still holding a message. A message of
-	// one durable queue needs none until it saves a retry state (see
-	// saveState): ack takes a missing entry for a last one. That keeps the
-	// common publish off d.mu.
-	shared := len(rec.queues) > 1
-	if shared {
-		d.mu.Lock()
-		d.refs[key] = &msgRefs{pending: len(rec.queues)}
-		d.mu.Unlock()
-	}
-	if err := d.log.Commit(b); err != nil {
-		if shared {
-			d.mu.Lock()
-			delete(d.refs, key)
-			d.mu.Unlock()
-		}
-		return fmt.Errorf("%w: %w", ErrLog, err)
-	}
-	committed = true
-	return nil
-}
-
-// scratch is a batch and a buffer for writing a log record: Commit and
-// CommitAsync copy the batch, so a publish or an acknowledgement can reuse
-// one from scratchPool instead of allocating its own.
-type scratch struct {
-	b   wal.Batch
-	val []byte
-}
-
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
-
-// maxScratch is the largest buffer scratchPool keeps.
-const maxScratch = 64 << 10
-
-func getScratch() *scratch {
-	sc := scratchPool.Get().(*scratch)
-	sc.b.Reset()
-	sc.val = sc.val[:0]
-	return sc
-}
-
-func putScratch(sc *scratch) {
-	if cap(sc.val) > maxScratch || sc.b.Size() > 2*maxScratch {
-		return // do not keep the memory of one large message
-	}
-	scratchPool.Put(sc)
-}
-
 // newEntry is the entry for message m, stamped with id: m is a record shared
 // by the queues (its exchange's prototype, or one made for the publish: the
 // entry carries id and data) or the queue's own Msg, which gets the id.
@@ -609,5 +493,44 @@ func (m *MQ) preEncode(exchange string, data any, pc *publishConfig) (err error)
 		return err
 	}
 	pc.encoded = b
+	return nil
+}
+
+type publishConfig struct {
+	routingKey string
+	headers    map[string]any
+	ttl        time.Duration
+	delay      time.Duration
+	encoded    []byte // Data already encoded for the log, or nil
+}
+
+func (c *publishConfig) apply(opts []PublishOption) error {
+	for _, o := range opts {
+		switch o.kind {
+		case optRoutingKey:
+			c.routingKey = o.key
+		case optHeaders:
+			c.headers = o.headers
+		case optExpiration, optDelay:
+			if o.d <= 0 {
+				return fmt.Errorf("%w: duration %v", ErrInvalidOption, o.d)
+			}
+			if o.kind == optExpiration {
+				c.ttl = o.d
+			} else {
+				c.delay = o.d
+			}
+		default:
+			return ErrInvalidOption
+		}
+	}
+	if len(c.routingKey) > maxKeyLen {
+		return ErrKeyTooLong
+	}
+	if c.headers != nil {
+		if err := validateTable(c.headers, 0); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidHeaders, err)
+		}
+	}
 	return nil
 }

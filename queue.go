@@ -2,6 +2,7 @@ package tinymq
 
 import (
 	"fmt"
+	"iter"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -21,119 +22,12 @@ const (
 	sampleEvery = 16
 )
 
-// chunkSize is how many entries one chunk of a fifo holds.
-const chunkSize = 64
-
-// entry is one message waiting in a queue. Most are shared: published with no
-// TTL or delay to a queue with no filter, limit or log (see takesShared).
-// Those point to a record of the message that every queue it reached shares
-// (m.shared): its exchange's prototype Msg for a plain message (no routing
-// key, headers or deaths), else one Msg made by the publish. The worker makes
-// the consumer's Msg from m, id and data (a direct consumer needs none), so
-// that Publish allocates at most one record, whatever the number of queues,
-// and a queued message costs a queue 32 bytes. A message that a durable
-// queue restored from the log is a restored entry: m is restoredMark and
-// data a *restored, its key in the log; entry.msg makes it a Msg without its
-// value (lazyMsg), which the worker reads (queue.load). Any other entry owns
-// m, complete with its ID and Data, and the worker delivers m itself.
-type entry struct {
-	m    *Msg
-	id   uint64
-	data any
-}
-
 // takesShared reports whether q may hold plain entries. A shared prototype is
 // never written, so the queue must not need one of its own: no filter (it sees
 // the Msg before enqueue), no TTL (enqueueLocked stamps expires on the Msg)
 // and no length limit (eviction dead-letters the Msg).
 func (q *queue) takesShared() bool {
 	return q.cfg.filter == nil && q.cfg.ttl == 0 && q.cfg.maxLen == 0 && !q.cfg.durable
-}
-
-// msg returns the Msg to deliver for e, allocating it for a shared entry.
-func (e *entry) msg(queue string) *Msg {
-	if !e.m.shared {
-		if e.m == restoredMark {
-			r := e.data.(*restored)
-			return lazyMsg(r.key, e.id, queue, r.expires, nil)
-		}
-		return e.m
-	}
-	p := e.m
-	return &Msg{ID: e.id, Exchange: p.Exchange, Queue: queue, RoutingKey: p.RoutingKey, Headers: p.Headers, Data: e.data, Deaths: p.Deaths}
-}
-
-// delivery is a shared entry as a direct consumer receives it.
-func (e *entry) delivery(queue string) Delivery[any] {
-	p := e.m
-	return Delivery[any]{ID: e.id, Exchange: p.Exchange, Queue: queue, RoutingKey: p.RoutingKey, Headers: p.Headers,
-		Data: e.data, Attempt: 1, Deaths: p.Deaths}
-}
-
-type chunk struct {
-	entries [chunkSize]entry
-	next    *chunk
-}
-
-// fifo is an unbounded FIFO of entries: a list of fixed-size chunks, so that
-// neither push nor pop ever copies the buffer. Popped slots are cleared at once
-// and drained chunks go back to chunkPool, so a queue that drains keeps one
-// chunk (2 KiB) and the rest is collected unless another queue reuses it.
-type fifo struct {
-	head, tail *chunk
-	hi, ti     int // next pop in head, next push in tail
-	n          int
-}
-
-// chunkPool holds drained chunks, every slot clear, for any queue to reuse:
-// a backlog that comes and goes does not allocate a chunk per 64 messages.
-var chunkPool = sync.Pool{New: func() any { return new(chunk) }}
-
-func (f *fifo) push(e entry) {
-	if f.tail == nil {
-		f.head = chunkPool.Get().(*chunk)
-		f.tail, f.hi, f.ti = f.head, 0, 0
-	} else if f.ti == chunkSize {
-		c := chunkPool.Get().(*chunk)
-		f.tail.next = c
-		f.tail, f.ti = c, 0
-	}
-	f.tail.entries[f.ti] = e
-	f.ti++
-	f.n++
-}
-
-// pop appends the k oldest entries to dst; k <= f.n.
-func (f *fifo) pop(dst []entry, k int) []entry {
-	for range k {
-		dst = append(dst, f.head.entries[f.hi])
-		f.head.entries[f.hi] = entry{}
-		f.hi++
-		f.n--
-		if f.hi == chunkSize && f.head != f.tail {
-			old := f.head
-			f.head, f.hi = old.next, 0
-			old.next = nil
-			chunkPool.Put(old)
-		}
-	}
-	if f.n == 0 { // head == tail: start the chunk over
-		f.hi, f.ti = 0, 0
-	}
-	return dst
-}
-
-// peek returns the oldest entry, or nil when f is empty.
-func (f *fifo) peek() *entry {
-	if f.n == 0 {
-		return nil
-	}
-	return &f.head.entries[f.hi]
-}
-
-// clear drops every message and chunk.
-func (f *fifo) clear() {
-	*f = fifo{}
 }
 
 // queue is a named buffer drained by a fixed pool of workers.
@@ -183,24 +77,6 @@ type queueCounters struct {
 	failed, retried                   atomic.Uint64
 	deadLettered, expired, overflowed atomic.Uint64
 	rejected, dropped, undelivered    atomic.Uint64
-}
-
-// worker is one worker slot of a queue: its batch and its claim cursor. A
-// goroutine runs it (see run); if a consumer ends that goroutine with
-// runtime.Goexit, another takes over the same slot.
-type worker struct {
-	q     *queue
-	batch [maxBatch]entry
-	n     int          // entries in batch; written by the owner under q.mu
-	next  atomic.Int32 // next unclaimed index: owner claims without q.mu, thieves under it
-	held  bool         // the owner counts in q.busy
-	calls int          // consumer calls, for sampling their duration
-
-	// What this worker handed to the consumer, and what succeeded: counted
-	// here rather than in q.c so that the workers of one queue do not fight
-	// over one cache line for every message (Stats adds them up).
-	delivered, succeeded atomic.Uint64
-	_                    [64]byte // nor share a line with the next worker
 }
 
 func newQueue(id int, name string, c consumer, concurrency int, cfg queueConfig, mq *MQ) *queue {
@@ -396,20 +272,6 @@ func (q *queue) wakeForLocked(n int) bool {
 	return true
 }
 
-// wakeThief makes sure a worker is awake to steal the entries left in w's
-// batch, which waits to begin the next: should that message block, they
-// would wait for it while another worker sleeps. It costs an atomic load when
-// no worker is parked.
-func (q *queue) wakeThief(w *worker) {
-	if w.n-int(w.next.Load()) <= 0 || q.idle.Load() == 0 {
-		return
-	}
-	q.mu.Lock()
-	wake := q.wakeForLocked(w.n - int(w.next.Load()))
-	q.mu.Unlock()
-	q.wakeAfter(wake, 0)
-}
-
 // wakeIfWaitingLocked is wakeForLocked for every entry that waits: in buf,
 // and unclaimed in any worker's batch (which a woken worker steals). Counting
 // them all, not only the caller's, means that a wake that wakeThief or
@@ -448,17 +310,6 @@ func deadline(now time.Time, d time.Duration) int64 {
 		return math.MaxInt64
 	}
 	return n + int64(d)
-}
-
-// expiresAt is when e expires, or 0.
-func (e *entry) expiresAt() int64 {
-	if e.m.shared {
-		return 0
-	}
-	if e.m == restoredMark {
-		return e.data.(*restored).expires
-	}
-	return e.m.expires()
 }
 
 // armExpiryLocked returns when the scheduler should check the head of buf
@@ -502,138 +353,6 @@ func (q *queue) expireHead() {
 	for _, m := range dead {
 		q.c.expired.Add(1)
 		q.deadLetter(m, ReasonExpired, m.lastErr())
-	}
-}
-
-// take gives worker w its next entry: it refills w's batch from buf, or
-// steals an entry another worker has not claimed yet, or waits. It reports
-// false once the queue is closed and empty.
-func (q *queue) take(w *worker) (entry, bool) {
-	q.mu.Lock()
-	if w.held {
-		w.held = false
-		q.busy--
-		q.reportIfQuiescentLocked()
-	}
-	for {
-		// A worker that leaves entries behind, in buf or in its batch, wakes
-		// another to take them, or to steal them should this one's message
-		// block: a parked worker never leaves a message waiting.
-		if q.buf.n > 0 {
-			e := q.refillLocked(w)
-			q.freeRoomLocked()
-			wake := q.wakeIfWaitingLocked()
-			expiry := q.armExpiryLocked()
-			q.mu.Unlock()
-			q.wakeAfter(wake, expiry)
-			return e, true
-		}
-		if e, ok := q.stealLocked(w); ok {
-			w.held = true
-			q.busy++
-			wake := q.wakeIfWaitingLocked()
-			q.mu.Unlock()
-			q.wakeAfter(wake, 0)
-			return e, true
-		}
-		if q.closed {
-			q.mu.Unlock()
-			return entry{}, false
-		}
-		q.idle.Add(1)
-		q.cond.Wait()
-		if q.waking > 0 {
-			q.waking--
-		}
-	}
-}
-
-// refillLocked fills w's batch with a fair share of buf and claims its first
-// entry. A batch ends before a message with a deadline, unless that message
-// comes first, so that no message can expire while it sits in a batch;
-// queues with a TTL or a length limit take one message at a time, so that
-// their counts are exact. q.mu is held and buf is not empty.
-func (q *queue) refillLocked(w *worker) entry {
-	k := 1
-	if q.cfg.ttl == 0 && q.cfg.maxLen == 0 {
-		k = min(max(q.buf.n/q.concurrency, 1), maxBatch)
-	}
-	n := 0
-	for n < k && q.buf.n > 0 {
-		if n > 0 && q.buf.peek().expiresAt() != 0 {
-			break
-		}
-		var one [1]entry
-		w.batch[n] = q.buf.pop(one[:0], 1)[0]
-		n++
-	}
-	w.n = n
-	w.next.Store(1)
-	w.held = true
-	q.busy++
-	e := w.batch[0]
-	w.batch[0] = entry{}
-	return e
-}
-
-// claim takes the next entry of w's own batch, without the lock.
-func (w *worker) claim() (entry, bool) {
-	i := int(w.next.Add(1)) - 1
-	if i >= w.n {
-		return entry{}, false
-	}
-	e := w.batch[i]
-	w.batch[i] = entry{}
-	return e, true
-}
-
-// stealLocked takes into w's batch half of the entries (at least one) that
-// the worker with the most of them took but has not begun, and claims the
-// first. Taking half, not one, keeps a thief from coming back under the lock
-// for every message. w's own batch is exhausted. q.mu is held.
-func (q *queue) stealLocked(w *worker) (entry, bool) {
-	var victim *worker
-	most := 0
-	for _, o := range q.workers {
-		if left := o.n - int(o.next.Load()); left > most {
-			victim, most = o, left
-		}
-	}
-	if victim == nil {
-		return entry{}, false
-	}
-	k := int32((most + 1) / 2)
-	end := int(victim.next.Add(k)) // claims [end-k, end)
-	start := end - int(k)
-	end = min(end, victim.n) // the owner may have claimed some meanwhile
-	if start >= end {
-		return entry{}, false
-	}
-	n := copy(w.batch[:], victim.batch[start:end])
-	clear(victim.batch[start:end])
-	w.n = n
-	w.next.Store(1)
-	e := w.batch[0]
-	w.batch[0] = entry{}
-	return e, true
-}
-
-// batchedLocked counts the entries taken into batches and not claimed yet:
-// they still wait. q.mu is held.
-func (q *queue) batchedLocked() int {
-	n := 0
-	for _, w := range q.workers {
-		n += max(w.n-int(w.next.Load()), 0)
-	}
-	return n
-}
-
-// drop forgets w's unclaimed entries: abort has counted them undelivered.
-func (w *worker) drop() {
-	for {
-		if _, ok := w.claim(); !ok {
-			return
-		}
 	}
 }
 
@@ -786,4 +505,40 @@ func (q *queue) succeeded() uint64 {
 // abort the count goes on rising, unread, below abortBit.
 func (q *queue) begin() bool {
 	return q.begun.Add(1)&abortBit == 0
+}
+
+// restore takes the entries of messages recovered from the log, each with
+// the time it is due (a delay or a retry backoff), in their order, into the
+// new queue q. A DropHead length limit applies as to a publish (as RabbitMQ
+// applies a max-length policy to a queue that holds more): the oldest ready
+// message goes, or, when every one waits in the scheduler, the newcomer; the
+// evicted are returned for the caller to dead-letter once the MQ's lock is
+// released, and the entries due later for it to hand to the scheduler.
+// entries runs under q.mu: it only builds entries.
+func (q *queue) restore(entries iter.Seq2[entry, int64], now int64) (evicted []eviction, later []schedItem) {
+	q.mu.Lock()
+	for e, due := range entries {
+		if q.cfg.overflow == DropHead && q.fullLocked() {
+			if q.buf.n > 0 {
+				h := q.popLocked()
+				evicted = append(evicted, eviction{q, h.msg(q.name)})
+			} else {
+				q.accepted++
+				evicted = append(evicted, eviction{q, e.msg(q.name)})
+				continue
+			}
+		}
+		q.accepted++
+		q.entered++
+		if due > now {
+			q.scheduled++
+			later = append(later, schedItem{due: time.Unix(0, due), q: q, m: e.m})
+			continue
+		}
+		q.buf.push(e)
+	}
+	expiry := q.armExpiryLocked()
+	q.mu.Unlock()
+	q.wakeAfter(false, expiry)
+	return evicted, later
 }

@@ -1,0 +1,114 @@
+package tinymq
+
+import "sync"
+
+// chunkSize is how many entries one chunk of a fifo holds.
+const chunkSize = 64
+
+// entry is one message waiting in a queue. Most are shared: published with no
+// TTL or delay to a queue with no filter, limit or log (see takesShared).
+// Those point to a record of the message that every queue it reached shares
+// (m.shared): its exchange's prototype Msg for a plain message (no routing
+// key, headers or deaths), else one Msg made by the publish. The worker makes
+// the consumer's Msg from m, id and data (a direct consumer needs none), so
+// that Publish allocates at most one record, whatever the number of queues,
+// and a queued message costs a queue 32 bytes. A message that a durable
+// queue restored from the log is a restored entry: m is restoredMark and
+// data a *restored, its key in the log; entry.msg makes it a Msg without its
+// value (lazyMsg), which the worker reads (queue.load). Any other entry owns
+// m, complete with its ID and Data, and the worker delivers m itself.
+type entry struct {
+	m    *Msg
+	id   uint64
+	data any
+}
+
+// msg returns the Msg to deliver for e, allocating it for a shared entry.
+func (e *entry) msg(queue string) *Msg {
+	if !e.m.shared {
+		if e.m == restoredMark {
+			r := e.data.(*restored)
+			return lazyMsg(r.key, e.id, queue, r.expires, nil)
+		}
+		return e.m
+	}
+	p := e.m
+	return &Msg{ID: e.id, Exchange: p.Exchange, Queue: queue, RoutingKey: p.RoutingKey, Headers: p.Headers, Data: e.data, Deaths: p.Deaths}
+}
+
+type chunk struct {
+	entries [chunkSize]entry
+	next    *chunk
+}
+
+// fifo is an unbounded FIFO of entries: a list of fixed-size chunks, so that
+// neither push nor pop ever copies the buffer. Popped slots are cleared at once
+// and drained chunks go back to chunkPool, so a queue that drains keeps one
+// chunk (2 KiB) and the rest is collected unless another queue reuses it.
+type fifo struct {
+	head, tail *chunk
+	hi, ti     int // next pop in head, next push in tail
+	n          int
+}
+
+// chunkPool holds drained chunks, every slot clear, for any queue to reuse:
+// a backlog that comes and goes does not allocate a chunk per 64 messages.
+var chunkPool = sync.Pool{New: func() any { return new(chunk) }}
+
+func (f *fifo) push(e entry) {
+	if f.tail == nil {
+		f.head = chunkPool.Get().(*chunk)
+		f.tail, f.hi, f.ti = f.head, 0, 0
+	} else if f.ti == chunkSize {
+		c := chunkPool.Get().(*chunk)
+		f.tail.next = c
+		f.tail, f.ti = c, 0
+	}
+	f.tail.entries[f.ti] = e
+	f.ti++
+	f.n++
+}
+
+// pop appends the k oldest entries to dst; k <= f.n.
+func (f *fifo) pop(dst []entry, k int) []entry {
+	for range k {
+		dst = append(dst, f.head.entries[f.hi])
+		f.head.entries[f.hi] = entry{}
+		f.hi++
+		f.n--
+		if f.hi == chunkSize && f.head != f.tail {
+			old := f.head
+			f.head, f.hi = old.next, 0
+			old.next = nil
+			chunkPool.Put(old)
+		}
+	}
+	if f.n == 0 { // head == tail: start the chunk over
+		f.hi, f.ti = 0, 0
+	}
+	return dst
+}
+
+// peek returns the oldest entry, or nil when f is empty.
+func (f *fifo) peek() *entry {
+	if f.n == 0 {
+		return nil
+	}
+	return &f.head.entries[f.hi]
+}
+
+// clear drops every message and chunk.
+func (f *fifo) clear() {
+	*f = fifo{}
+}
+
+// expiresAt is when e expires, or 0.
+func (e *entry) expiresAt() int64 {
+	if e.m.shared {
+		return 0
+	}
+	if e.m == restoredMark {
+		return e.data.(*restored).expires
+	}
+	return e.m.expires()
+}

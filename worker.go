@@ -1,0 +1,366 @@
+package tinymq
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tinymq/tinymq/internal/guard"
+)
+
+// run is the goroutine of worker slot w: it delivers messages until the
+// queue is closed and empty, or aborted. wg.Done is its join. A consumer that
+// ends the goroutine with runtime.Goexit (as t.FailNow does) fails its
+// message, and a new goroutine takes over the slot, so the queue keeps its
+// workers.
+func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
+	q := w.q
+	id := q.mq.own.Enter()
+	returned := false
+	defer func() {
+		q.mq.own.Leave(id)
+		if !returned {
+			wg.Add(1) // this goroutine has not called Done: the count is above 0
+			go w.run(ctx, wg)
+		}
+		wg.Done()
+	}()
+	for {
+		e, ok := w.claim()
+		if !ok {
+			if e, ok = q.take(w); !ok {
+				returned = true
+				return
+			}
+		}
+		if !q.begin() {
+			w.drop() // aborted: abort counted the rest as undelivered
+			continue
+		}
+		q.wakeThief(w)
+		q.deliver(ctx, w, &e)
+	}
+}
+
+// deliver hands e's message to the consumer, unless it expired, and settles
+// the outcome. A direct consumer ([RegisterHandler]) of a shared entry gets
+// the message by value, and a Msg is made only if it fails.
+func (q *queue) deliver(ctx context.Context, w *worker, e *entry) {
+	var m *Msg
+	if q.consumer.direct == nil || !e.m.shared {
+		m = e.msg(q.name)
+		if x := m.expires(); x != 0 && time.Now().UnixNano() >= x {
+			q.c.expired.Add(1)
+			q.deadLetter(m, ReasonExpired, m.lastErr())
+			return
+		}
+		if !q.load(m) {
+			return
+		}
+		m.Attempt++
+	}
+	w.delivered.Add(1)
+	timed := w.calls%sampleEvery == 0
+	w.calls++
+	var start time.Time
+	if timed {
+		start = time.Now()
+	}
+	err := q.process(ctx, e, m)
+	if timed {
+		q.hist.observe(time.Since(start))
+	}
+	if err == nil {
+		if m != nil {
+			if k := m.dkey(); k != "" {
+				q.mq.dur.ack(q.name, k, nil) // before the count, which tests wait for
+			}
+		}
+		w.succeeded.Add(1)
+		return
+	}
+	if m == nil {
+		m = e.firstMsg(q.name)
+	}
+	q.settle(m, err)
+}
+
+// firstMsg is the Msg of a shared entry's first delivery, made once a direct
+// consumer failed it.
+func (e *entry) firstMsg(queue string) *Msg {
+	m := e.msg(queue)
+	m.Attempt = 1
+	return m
+}
+
+// process runs the consumer on one message, m or (for a direct consumer, when
+// m is nil) the shared entry e, turning a panic into a [*PanicError] and a
+// typed nil error into [ErrTypedNil]. If the consumer calls runtime.Goexit,
+// process settles the message itself with [ErrGoexit], as the goroutine will
+// not return to do it.
+func (q *queue) process(ctx context.Context, e *entry, m *Msg) (err error) {
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		if r := recover(); r != nil {
+			err = freezer.FreezeAside(&q.mq.own, &PanicError{Value: r, Stack: debug.Stack()})
+			return
+		}
+		if m == nil {
+			m = e.firstMsg(q.name)
+		}
+		q.settle(m, fmt.Errorf("%w (queue %q)", ErrGoexit, q.name))
+	}()
+	switch {
+	case m == nil:
+		err = q.consumer.direct(ctx, e.delivery(q.name))
+	case q.consumer.direct != nil:
+		err = q.consumer.direct(ctx, m.delivery())
+	default:
+		err = q.consumer.fn(ctx, m)
+	}
+	if err != nil {
+		err = freezer.Freeze(err) // still guarded: its methods may call Goexit too
+	}
+	returned = true
+	return err
+}
+
+// freezer freezes a consumer's error (see process): the typed nil check, and
+// its text, its ErrPermanent and its *PanicError asked once, so that
+// settling, logging and dead-lettering never run the consumer's code again.
+var freezer = guard.Freezer[*PanicError]{TypedNil: ErrTypedNil, Permanent: ErrPermanent, Panicked: ErrPanicked,
+	Unpack: func(pe *PanicError) (any, []byte) { return pe.Value, pe.Stack },
+	Pack:   func(text string, stack []byte) *PanicError { return &PanicError{Value: text, Stack: stack} }}
+
+// settle counts a failed delivery of m (err is not nil; deliver counts the
+// successes) and decides what follows: a retry, or a dead letter.
+func (q *queue) settle(m *Msg, err error) {
+	q.c.failed.Add(1)
+	m.ext().lastErr = err
+	if q.leftOnDisk(m, err) {
+		return
+	}
+	if m.Attempt < q.cfg.retry.MaxAttempts && !guard.Is(err, ErrPermanent) {
+		q.retryLater(m, err)
+		return
+	}
+	q.deadLetter(m, ReasonRejected, err)
+}
+
+// retryLater schedules m for its next attempt after its backoff. The retry
+// delivers a copy of m, as the consumer left it, so that a consumer that kept
+// m does not see it change.
+func (q *queue) retryLater(m *Msg, err error) {
+	backoff := q.cfg.retry.backoff(m.Attempt)
+	next := m.clone()
+	if k := m.dkey(); k != "" {
+		q.mq.dur.saveState(q.name, k, queueState{attempt: m.Attempt,
+			dueAt: deadline(time.Now(), backoff), lastErr: guard.ErrorText(err)})
+	}
+	evicted, overflow, aborted := q.schedule(next, backoff)
+	switch {
+	case aborted:
+		q.c.undelivered.Add(1)
+		q.logFailure(m, err, slog.LevelError, "tinymq: delivery failed, no retry after the shutdown deadline")
+		return
+	case overflow != nil:
+		q.c.overflowed.Add(1)
+		q.deadLetter(m, ReasonMaxLen, err)
+		return
+	}
+	q.c.retried.Add(1)
+	q.logFailure(m, err, slog.LevelWarn, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
+	if evicted != nil {
+		q.c.overflowed.Add(1)
+		q.deadLetter(evicted, ReasonMaxLen, nil)
+	}
+}
+
+// logFailure logs what became of m, with err, the consumer's error (if any).
+func (q *queue) logFailure(m *Msg, err error, level slog.Level, msg string, extra ...slog.Attr) {
+	q.mq.logAttrs(level, msg, func(attrs []slog.Attr) []slog.Attr {
+		attrs = append(attrs,
+			slog.String("exchange", m.Exchange),
+			slog.String("queue", q.name),
+			slog.Uint64("msg_id", m.ID),
+			slog.Int("attempt", m.Attempt))
+		if err != nil {
+			attrs = append(attrs, slog.String("err", guard.ErrorText(err)))
+			if pe, _ := guard.As[*PanicError](err); pe != nil {
+				attrs = append(attrs, slog.String("stack", string(pe.Stack)))
+			}
+		}
+		return append(attrs, extra...)
+	})
+}
+
+// worker is one worker slot of a queue: its batch and its claim cursor. A
+// goroutine runs it (see run); if a consumer ends that goroutine with
+// runtime.Goexit, another takes over the same slot.
+type worker struct {
+	q     *queue
+	batch [maxBatch]entry
+	n     int          // entries in batch; written by the owner under q.mu
+	next  atomic.Int32 // next unclaimed index: owner claims without q.mu, thieves under it
+	held  bool         // the owner counts in q.busy
+	calls int          // consumer calls, for sampling their duration
+
+	// What this worker handed to the consumer, and what succeeded: counted
+	// here rather than in q.c so that the workers of one queue do not fight
+	// over one cache line for every message (Stats adds them up).
+	delivered, succeeded atomic.Uint64
+	_                    [64]byte // nor share a line with the next worker
+}
+
+// wakeThief makes sure a worker is awake to steal the entries left in w's
+// batch, which waits to begin the next: should that message block, they
+// would wait for it while another worker sleeps. It costs an atomic load when
+// no worker is parked.
+func (q *queue) wakeThief(w *worker) {
+	if w.n-int(w.next.Load()) <= 0 || q.idle.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	wake := q.wakeForLocked(w.n - int(w.next.Load()))
+	q.mu.Unlock()
+	q.wakeAfter(wake, 0)
+}
+
+// take gives worker w its next entry: it refills w's batch from buf, or
+// steals an entry another worker has not claimed yet, or waits. It reports
+// false once the queue is closed and empty.
+func (q *queue) take(w *worker) (entry, bool) {
+	q.mu.Lock()
+	if w.held {
+		w.held = false
+		q.busy--
+		q.reportIfQuiescentLocked()
+	}
+	for {
+		// A worker that leaves entries behind, in buf or in its batch, wakes
+		// another to take them, or to steal them should this one's message
+		// block: a parked worker never leaves a message waiting.
+		if q.buf.n > 0 {
+			e := q.refillLocked(w)
+			q.freeRoomLocked()
+			wake := q.wakeIfWaitingLocked()
+			expiry := q.armExpiryLocked()
+			q.mu.Unlock()
+			q.wakeAfter(wake, expiry)
+			return e, true
+		}
+		if e, ok := q.stealLocked(w); ok {
+			w.held = true
+			q.busy++
+			wake := q.wakeIfWaitingLocked()
+			q.mu.Unlock()
+			q.wakeAfter(wake, 0)
+			return e, true
+		}
+		if q.closed {
+			q.mu.Unlock()
+			return entry{}, false
+		}
+		q.idle.Add(1)
+		q.cond.Wait()
+		if q.waking > 0 {
+			q.waking--
+		}
+	}
+}
+
+// refillLocked fills w's batch with a fair share of buf and claims its first
+// entry. A batch ends before a message with a deadline, unless that message
+// comes first, so that no message can expire while it sits in a batch;
+// queues with a TTL or a length limit take one message at a time, so that
+// their counts are exact. q.mu is held and buf is not empty.
+func (q *queue) refillLocked(w *worker) entry {
+	k := 1
+	if q.cfg.ttl == 0 && q.cfg.maxLen == 0 {
+		k = min(max(q.buf.n/q.concurrency, 1), maxBatch)
+	}
+	n := 0
+	for n < k && q.buf.n > 0 {
+		if n > 0 && q.buf.peek().expiresAt() != 0 {
+			break
+		}
+		var one [1]entry
+		w.batch[n] = q.buf.pop(one[:0], 1)[0]
+		n++
+	}
+	w.n = n
+	w.next.Store(1)
+	w.held = true
+	q.busy++
+	e := w.batch[0]
+	w.batch[0] = entry{}
+	return e
+}
+
+// claim takes the next entry of w's own batch, without the lock.
+func (w *worker) claim() (entry, bool) {
+	i := int(w.next.Add(1)) - 1
+	if i >= w.n {
+		return entry{}, false
+	}
+	e := w.batch[i]
+	w.batch[i] = entry{}
+	return e, true
+}
+
+// stealLocked takes into w's batch half of the entries (at least one) that
+// the worker with the most of them took but has not begun, and claims the
+// first. Taking half, not one, keeps a thief from coming back under the lock
+// for every message. w's own batch is exhausted. q.mu is held.
+func (q *queue) stealLocked(w *worker) (entry, bool) {
+	var victim *worker
+	most := 0
+	for _, o := range q.workers {
+		if left := o.n - int(o.next.Load()); left > most {
+			victim, most = o, left
+		}
+	}
+	if victim == nil {
+		return entry{}, false
+	}
+	k := int32((most + 1) / 2)
+	end := int(victim.next.Add(k)) // claims [end-k, end)
+	start := end - int(k)
+	end = min(end, victim.n) // the owner may have claimed some meanwhile
+	if start >= end {
+		return entry{}, false
+	}
+	n := copy(w.batch[:], victim.batch[start:end])
+	clear(victim.batch[start:end])
+	w.n = n
+	w.next.Store(1)
+	e := w.batch[0]
+	w.batch[0] = entry{}
+	return e, true
+}
+
+// batchedLocked counts the entries taken into batches and not claimed yet:
+// they still wait. q.mu is held.
+func (q *queue) batchedLocked() int {
+	n := 0
+	for _, w := range q.workers {
+		n += max(w.n-int(w.next.Load()), 0)
+	}
+	return n
+}
+
+// drop forgets w's unclaimed entries: abort has counted them undelivered.
+func (w *worker) drop() {
+	for {
+		if _, ok := w.claim(); !ok {
+			return
+		}
+	}
+}
