@@ -77,26 +77,21 @@ type BindingSpec struct {
 	Args []map[string]any
 }
 
-// QueueSpec describes a validated [MQ.RegisterQueue] call.
+// QueueSpec describes a validated [MQ.RegisterQueue] call: the queue as
+// [MQ.Topology] describes it (its name, concurrency, limits, dead-letter
+// exchange: Name is the queue's name; Filtered says whether Filter is set),
+// and what an engine needs besides.
 type QueueSpec struct {
-	// Name is the queue's name; Named says whether [WithQueueName] gave it
-	// (otherwise the MQ made it up, as "exchange#3").
-	Name  string
+	QueueInfo
+	// Named says whether [WithQueueName] gave Name (otherwise the MQ made it
+	// up, as "exchange#3").
 	Named bool
 	// Binding binds the queue to its exchange; Binding.Queue is Name.
-	Binding     BindingSpec
-	Consumer    ConsumerFunc
-	Concurrency int
-	// Retry is normalized; MaxAttempts is 1 when the queue has no retry policy.
+	Binding  BindingSpec
+	Consumer ConsumerFunc
+	// Retry is normalized; Retry.MaxAttempts, like QueueInfo.MaxAttempts, is
+	// 1 when the queue has no retry policy.
 	Retry RetryPolicy
-	// MessageTTL is [WithMessageTTL], or 0.
-	MessageTTL time.Duration
-	// MaxLen and Overflow are [WithMaxLen], or 0.
-	MaxLen   int
-	Overflow Overflow
-	// DeadLetterExchange and DeadLetterKey are [WithDeadLetter], or "".
-	DeadLetterExchange string
-	DeadLetterKey      string
 	// Filter is [WithFilter], or nil.
 	Filter func(*Msg) bool
 }

@@ -72,7 +72,7 @@ type exchange struct {
 	topic   topicTrie           // topic
 	headers map[*queue][]headersBinding
 
-	bindings []BindingInfo // as declared, for Topology
+	bindings []BindingSpec // as declared, for Topology
 	durable  atomic.Bool   // a durable queue is bound: publishes encode Data first
 
 	proto *Msg // what plain entries share (see entry)
@@ -146,7 +146,7 @@ func checkBinding(kind ExchangeType, b binding) ([]headersBinding, error) {
 // bind adds q's bindings. The caller holds the MQ's write lock and has
 // validated the binding with checkBinding.
 func (e *exchange) bind(q *queue, b binding, hbs []headersBinding) {
-	e.bindings = append(e.bindings, BindingInfo{Queue: q.name, Keys: slices.Clone(b.keys), Args: slices.Clone(b.args)})
+	e.bindings = append(e.bindings, BindingSpec{Queue: q.name, Exchange: e.name, Kind: e.kind, Keys: slices.Clone(b.keys), Args: slices.Clone(b.args)})
 	if q.cfg.durable {
 		e.durable.Store(true)
 		q.mq.anyDurable.Store(true)

@@ -618,15 +618,12 @@ func (m *MQ) registerOnEngine(exchange string, kind ExchangeType, c consumer, co
 		retry.MaxAttempts = 1
 	}
 	spec := QueueSpec{
-		Name: name, Named: cfg.name != "",
-		Binding:     BindingSpec{Queue: name, Exchange: exchange, Kind: kind, Keys: cfg.binding.keys, Args: cfg.binding.args},
-		Consumer:    c.fn,
-		Concurrency: concurrency,
-		Retry:       retry,
-		MessageTTL:  cfg.ttl,
-		MaxLen:      cfg.maxLen, Overflow: cfg.overflow,
-		DeadLetterExchange: cfg.dlx, DeadLetterKey: cfg.dlxKey,
-		Filter: cfg.filter,
+		QueueInfo: queueInfo(name, concurrency, cfg),
+		Named:     cfg.name != "",
+		Binding:   BindingSpec{Queue: name, Exchange: exchange, Kind: kind, Keys: cfg.binding.keys, Args: cfg.binding.args},
+		Consumer:  c.fn,
+		Retry:     retry,
+		Filter:    cfg.filter,
 	}
 	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false) // validates the kind
 	if err != nil {

@@ -16,24 +16,12 @@ type Topology struct {
 	Queues []QueueInfo
 }
 
-// ExchangeInfo describes one exchange.
+// ExchangeInfo describes one exchange: as it was declared, and its bindings.
 type ExchangeInfo struct {
-	Name string
-	Kind ExchangeType
-	// Alternate is the alternate exchange, or "".
-	Alternate string
-	// Bindings are in the order they were made.
-	Bindings []BindingInfo
-}
-
-// BindingInfo describes what one queue asked of one exchange in one
-// RegisterQueue or Bind call.
-type BindingInfo struct {
-	Queue string
-	// Keys are the binding keys (direct and topic exchanges).
-	Keys []string
-	// Args are the binding arguments (headers exchanges).
-	Args []map[string]any
+	ExchangeSpec
+	// Bindings are what each RegisterQueue or Bind call asked of the
+	// exchange, in the order they were made.
+	Bindings []BindingSpec
 }
 
 // QueueInfo describes one queue's configuration.
@@ -54,6 +42,13 @@ type QueueInfo struct {
 	Filtered bool
 }
 
+// queueInfo describes the queue that cfg configures.
+func queueInfo(name string, concurrency int, cfg queueConfig) QueueInfo {
+	return QueueInfo{Name: name, Concurrency: concurrency, MaxAttempts: max(cfg.retry.MaxAttempts, 1),
+		MessageTTL: cfg.ttl, MaxLen: cfg.maxLen, Overflow: cfg.overflow,
+		DeadLetterExchange: cfg.dlx, DeadLetterKey: cfg.dlxKey, Filtered: cfg.filter != nil}
+}
+
 // Topology returns the MQ's exchanges, queues and bindings. It does not block
 // on consumers and works in every state, after Stop included. On an [Engine]
 // it describes what this MQ declared.
@@ -62,14 +57,12 @@ func (m *MQ) Topology() Topology {
 	defer m.mu.RUnlock()
 	var t Topology
 	for _, ex := range m.exchanges {
-		t.Exchanges = append(t.Exchanges, ExchangeInfo{Name: ex.name, Kind: ex.kind, Alternate: ex.cfg.alternate,
+		t.Exchanges = append(t.Exchanges, ExchangeInfo{ExchangeSpec: ExchangeSpec{Name: ex.name, Kind: ex.kind, Alternate: ex.cfg.alternate},
 			Bindings: slices.Clone(ex.bindings)})
 	}
 	slices.SortFunc(t.Exchanges, func(a, b ExchangeInfo) int { return strings.Compare(a.Name, b.Name) })
 	for _, q := range m.order {
-		t.Queues = append(t.Queues, QueueInfo{Name: q.name, Concurrency: q.concurrency, MaxAttempts: q.cfg.retry.MaxAttempts,
-			MessageTTL: q.cfg.ttl, MaxLen: q.cfg.maxLen, Overflow: q.cfg.overflow,
-			DeadLetterExchange: q.cfg.dlx, DeadLetterKey: q.cfg.dlxKey, Filtered: q.cfg.filter != nil})
+		t.Queues = append(t.Queues, queueInfo(q.name, q.concurrency, q.cfg))
 	}
 	return t
 }

@@ -74,7 +74,7 @@ func TestItemCostsAreUpperBounds(t *testing.T) {
 		table[string(rune('A'+i))+long] = []any{long, []byte(long), math.NaN(), map[string]any{"k": long}, nil,
 			time.Unix(1<<40, 0), int8(-1), uint64(math.MaxUint64), float32(1.5), true}
 	}
-	bv, cost := bindingOf(tinymq.BindingInfo{Queue: long, Keys: []string{long, long, long},
+	bv, cost := bindingOf(tinymq.BindingSpec{Queue: long, Keys: []string{long, long, long},
 		Args: []map[string]any{table, {}, {"x-match": "any"}}})
 	b, err = json.Marshal(bv)
 	require.NoError(t, err)

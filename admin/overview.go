@@ -308,7 +308,7 @@ func (h *handler) overview() (ov overview, err error) {
 }
 
 // bindingOf describes one binding and returns an upper bound on its JSON.
-func bindingOf(b tinymq.BindingInfo) (bindingView, int) {
+func bindingOf(b tinymq.BindingSpec) (bindingView, int) {
 	bv := bindingView{Queue: clip(b.Queue), Keys: []string{}, Args: []map[string]string{}}
 	cost := bindingFixedBytes + jsonLen(bv.Queue)
 	for _, k := range b.Keys {
