@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -147,8 +149,9 @@ func TestDataDirIsLocked(t *testing.T) {
 }
 
 // A refused open changes nothing: the MQ that was refused does not hold the
-// directory, and its retry succeeds once the owner has stopped (it used to
-// return the first ErrLocked forever while holding the lock).
+// directory, declared neither the exchange nor the queue, stays startable
+// after a refused Start, and its retry succeeds once the owner has stopped
+// (it used to return the first ErrLocked forever while holding the lock).
 func TestRefusedOpenKeepsNothingAndARetrySucceeds(t *testing.T) {
 	dir := t.TempDir()
 	a := tinymq.New(tinymq.WithDataDir(dir))
@@ -159,11 +162,15 @@ func TestRefusedOpenKeepsNothingAndARetrySucceeds(t *testing.T) {
 	require.ErrorIs(t, err, tinymq.ErrLocked)
 	assert.Contains(t, err.Error(), fmt.Sprint(os.Getpid()), "the error names the holder")
 	require.ErrorIs(t, b.RegisterQueue("ev", tinymq.Fanout, failing, 1, durable...), tinymq.ErrLocked, "still held")
+	assert.Empty(t, b.Topology().Exchanges, "a refused register declared its exchange")
+	assert.Empty(t, b.Topology().Queues, "a refused register added its queue")
+	assert.Empty(t, b.Stats().Queues)
+	require.ErrorIs(t, b.Start(context.Background()), tinymq.ErrLocked, "Start opens the log too")
 	a.Stop()
 
 	got := make(chan *tinymq.Msg, 1)
 	require.NoError(t, b.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, durable...), "the retry succeeds once the owner stopped")
-	require.NoError(t, b.Start(context.Background()))
+	require.NoError(t, b.Start(context.Background()), "a refused Start leaves the MQ startable")
 	require.NoError(t, b.Publish("ev", "x"))
 	recv(t, got, 1)
 	c := tinymq.New(tinymq.WithDataDir(dir))
@@ -226,8 +233,9 @@ func TestDurablePublishHoldsNoLockAcrossItsSync(t *testing.T) {
 	assert.Equal(t, uint64(1), m.Stats().Queues["d"].Succeeded)
 }
 
-// A durable queue's backlog stays visible in Stats, and on disk, while a
-// queue of its name is registered in memory.
+// A durable queue's backlog stays visible in Stats (Stored, not Depth), and
+// on disk, while a queue of its name is registered in memory, runs and is
+// published to, and after it stops; a durable queue of that name gets it back.
 func TestDurableBacklogUnderAnInMemoryQueueStaysVisible(t *testing.T) {
 	dir := t.TempDir()
 	m := tinymq.New(tinymq.WithDataDir(dir))
@@ -238,13 +246,21 @@ func TestDurableBacklogUnderAnInMemoryQueueStaysVisible(t *testing.T) {
 	_ = m.Shutdown(context.Background()) // before Start: they stay on disk
 
 	m = tinymq.New(tinymq.WithDataDir(dir))
-	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q")))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 2,
+		tinymq.WithQueueName("q")))
 	require.NoError(t, m.Start(context.Background()))
 	st := m.Stats().Queues["q"]
 	assert.Equal(t, 3, st.Stored, "the backlog is shown")
 	assert.False(t, st.Durable)
+	assert.False(t, st.Unregistered, "a queue of its name is registered")
 	assert.Zero(t, st.Depth, "the in-memory queue does not have them")
+	for i := range 20 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	require.Eventually(t, func() bool { return m.Stats().Queues["q"].Succeeded == 20 }, wait, time.Millisecond)
+	assert.Equal(t, 3, m.Stats().Queues["q"].Stored, "the in-memory queue's own messages leave the backlog alone")
 	m.Stop()
+	assert.Equal(t, 3, m.Stats().Queues["q"].Stored, "after Stop too")
 
 	m = tinymq.New(tinymq.WithDataDir(dir))
 	got := make(chan *tinymq.Msg, 3)
@@ -257,7 +273,9 @@ func TestDurableBacklogUnderAnInMemoryQueueStaysVisible(t *testing.T) {
 // A length limit applies to what a durable queue restores, as RabbitMQ
 // applies a max-length policy to a queue holding more: DropHead dead-letters
 // the oldest beyond it (and they stay gone after another restart);
-// RejectPublish keeps them all and refuses publishes until there is room.
+// RejectPublish keeps them all and refuses publishes, started or not, until
+// there is room; Block keeps them all and holds a publish until its context
+// ends.
 func TestLengthLimitAppliesToRestoredMessages(t *testing.T) {
 	backlog := func(t *testing.T) string {
 		dir := t.TempDir()
@@ -303,10 +321,41 @@ func TestLengthLimitAppliesToRestoredMessages(t *testing.T) {
 	t.Run("RejectPublish", func(t *testing.T) {
 		dir := backlog(t)
 		m := tinymq.New(tinymq.WithDataDir(dir))
-		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(),
-			tinymq.WithMaxLen(10, tinymq.RejectPublish)))
+		release := make(chan struct{})
+		got := make(chan *tinymq.Msg, 51)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+			<-release
+			got <- msg
+			return nil
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(), tinymq.WithMaxLen(10, tinymq.RejectPublish)))
 		assert.Equal(t, 50, m.Stats().Queues["q"].Depth, "all are kept")
 		assert.ErrorIs(t, m.Publish("ev", 50), tinymq.ErrQueueFull)
+		require.NoError(t, m.Start(context.Background()))
+		assert.ErrorIs(t, m.Publish("ev", 50), tinymq.ErrQueueFull, "still full once started")
+		close(release)
+		recv(t, got, 50)
+		require.Eventually(t, func() bool { return m.Stats().Queues["q"].Depth == 0 }, wait, time.Millisecond)
+		require.NoError(t, m.Publish("ev", 50), "room once the backlog is below the limit")
+		recv(t, got, 1)
+		m.Stop()
+		assert.Zero(t, m.Stats().Queues["q"].Overflowed)
+	})
+	t.Run("Block", func(t *testing.T) {
+		dir := backlog(t)
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(),
+			tinymq.WithMaxLen(10, tinymq.Block)))
+		assert.Equal(t, 50, m.Stats().Queues["q"].Depth, "all are kept")
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		err := m.PublishContext(ctx, "ev", 50)
+		require.ErrorIs(t, err, tinymq.ErrQueueFull, "held until the context ended")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		_ = m.Shutdown(context.Background()) // before Start: all 50 stay on disk
+
+		m = tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		assert.Equal(t, 50, m.Stats().Queues["q"].Depth, "Block kept them all, and added nothing")
 		_ = m.Shutdown(context.Background())
 	})
 }
@@ -565,7 +614,8 @@ func TestDeadLetterOfADurableQueueKeepsItsType(t *testing.T) {
 }
 
 // Once Shutdown returned at its deadline, the data directory is free, even
-// while a consumer that ignores its context still runs.
+// while a consumer that ignores its context still runs; that consumer's late
+// success does not reach the log the next MQ holds.
 func TestShutdownDeadlineReleasesTheDataDir(t *testing.T) {
 	dir := t.TempDir()
 	m := tinymq.New(tinymq.WithDataDir(dir))
@@ -579,16 +629,24 @@ func TestShutdownDeadlineReleasesTheDataDir(t *testing.T) {
 	require.Eventually(t, func() bool { return m.Stats().Queues["q"].InFlight == 1 }, wait, time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
+	err := m.Shutdown(ctx)
+	require.ErrorIs(t, err, tinymq.ErrUndelivered)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 	m2 := tinymq.New(tinymq.WithDataDir(dir))
 	got := make(chan *tinymq.Msg, 1)
-	err := m2.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("q"), tinymq.WithDurable())
-	close(release)
+	err = m2.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("q"), tinymq.WithDurable())
+	close(release) // the old consumer succeeds now, while m2 holds the log
 	m.Stop()
 	require.NoError(t, err)
 	require.NoError(t, m2.Start(context.Background()))
 	assert.True(t, recv(t, got, 1)[0].Redelivered, "its acknowledgement came after the log closed")
 	m2.Stop()
+	// m2 acknowledged it, and the old consumer's late acknowledgement neither
+	// reached nor damaged the log m2 held: a third MQ opens it and finds nothing.
+	m3 := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m3.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+	assert.Zero(t, m3.Stats().Queues["q"].Depth)
+	m3.Stop()
 }
 
 // A durable message whose consumer gives up when a Shutdown deadline cancels
@@ -786,13 +844,17 @@ func (c countingCodec) Marshal(v any) ([]byte, error) {
 // WithMaxMessageSize bounds what a durable queue stores: Data whose size is
 // known ([]byte, string, Encoded) is refused before the codec runs, other
 // values once their encoding is over the limit, before it is copied; and a
-// []byte within the limit whose JSON encoding is not is refused too.
+// []byte within the limit whose JSON encoding is not is refused too. All or
+// nothing: an in-memory queue of the same exchange does not get what the
+// durable queue refused.
 func TestDurableMaxMessageSize(t *testing.T) {
 	var marshals atomic.Int32
 	m := tinymq.New(tinymq.WithDataDir(t.TempDir()), tinymq.WithMaxMessageSize(1000),
 		tinymq.WithCodec(countingCodec{marshals: &marshals}))
 	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
 		tinymq.WithQueueName("q"), tinymq.WithDurable()))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+		tinymq.WithQueueName("mem")))
 	defer m.Stop() // never started: the messages wait
 	type doc struct{ Text string }
 	tests := []struct {
@@ -804,6 +866,8 @@ func TestDurableMaxMessageSize(t *testing.T) {
 		{"a []byte over the limit", make([]byte, 1001), tinymq.ErrTooLarge, 0},
 		{"a string over the limit", string(make([]byte, 1001)), tinymq.ErrTooLarge, 0},
 		{"an Encoded over the limit", tinymq.Encoded{Body: make([]byte, 1001)}, tinymq.ErrTooLarge, 0},
+		{"a json.RawMessage over the limit", json.RawMessage(`"` + strings.Repeat("r", 999) + `"`), tinymq.ErrTooLarge, 0},
+		{"an Encoded at the limit", tinymq.Encoded{Body: []byte(`"` + strings.Repeat("e", 998) + `"`)}, nil, 0},
 		{"a value encoded over the limit", doc{Text: string(make([]byte, 1000))}, tinymq.ErrTooLarge, 1},
 		{"a value encoded within the limit", doc{Text: "x"}, nil, 1},
 		{"a []byte within the limit", make([]byte, 700), nil, 1},
@@ -815,7 +879,8 @@ func TestDurableMaxMessageSize(t *testing.T) {
 			require.Equal(t, tt.marshals, marshals.Load(), "Marshal calls")
 		})
 	}
-	require.Equal(t, 2, m.Stats().Queues["q"].Depth, "the queue holds only the messages accepted")
+	require.Equal(t, 3, m.Stats().Queues["q"].Depth, "the queue holds only the messages accepted")
+	require.Equal(t, 3, m.Stats().Queues["mem"].Depth, "all or nothing: the in-memory queue of a refused publish does not get it")
 
 	j := tinymq.New(tinymq.WithDataDir(t.TempDir()), tinymq.WithMaxMessageSize(1000))
 	require.NoError(t, j.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
@@ -1830,4 +1895,217 @@ func TestNegativeSyncIntervalIsRefused(t *testing.T) {
 	m = tinymq.New(tinymq.WithDataDir(t.TempDir()), tinymq.WithSync(0))
 	require.NoError(t, m.Start(context.Background()))
 	m.Stop()
+}
+
+// leaveOnDisk publishes n messages, payload(i) (i itself if payload is nil),
+// to the durable queue named queue on exchange "ev" of a new MQ in dir, and
+// stops it before Start, so that all n stay in the log.
+func leaveOnDisk(t *testing.T, dir, queue string, n int, payload func(i int) any) {
+	t.Helper()
+	m := tinymq.New(tinymq.WithDataDir(dir), quiet())
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName(queue), tinymq.WithDurable()))
+	for i := range n {
+		var v any = i
+		if payload != nil {
+			v = payload(i)
+		}
+		require.NoError(t, m.Publish("ev", v))
+	}
+	require.ErrorIs(t, m.Shutdown(context.Background()), tinymq.ErrUndelivered)
+}
+
+// copyOfDataDir copies the files of dir but its LOCK into a new directory, as
+// they are: what a crash of the process owning dir would leave (what the log
+// wrote is in the operating system, synced or not).
+func copyOfDataDir(t *testing.T, dir string) string {
+	t.Helper()
+	dst := t.TempDir()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range ents {
+		if e.Name() == "LOCK" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dst, e.Name()), b, 0o600))
+	}
+	return dst
+}
+
+// Acknowledgements are batched and never an fsync each, but an idle MQ still
+// writes them without waiting for another publish: once ten messages are
+// acknowledged and nothing else happens, a crash (a copy of the directory
+// taken while the MQ runs) soon redelivers none of them.
+func TestAcksOfAnIdleMQAreWrittenWithoutAnotherPublish(t *testing.T) {
+	dir := t.TempDir()
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 2,
+		tinymq.WithQueueName("q"), tinymq.WithDurable()))
+	defer stopWithin(t, m)
+	for i := range 10 {
+		require.NoError(t, m.Publish("ev", i))
+	}
+	afterACrash := func() int {
+		crashed := tinymq.New(tinymq.WithDataDir(copyOfDataDir(t, dir)), quiet())
+		require.NoError(t, crashed.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		defer crashed.Stop()
+		return crashed.Stats().Queues["q"].Depth
+	}
+	require.Equal(t, 10, afterACrash(), "before Start, a crash keeps all ten")
+	require.NoError(t, m.Start(context.Background()))
+	require.Eventually(t, func() bool { return m.Stats().Queues["q"].Succeeded == 10 }, wait, time.Millisecond)
+	deadline := time.Now().Add(settleWait)
+	for {
+		again := afterACrash()
+		if again == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 10 messages acknowledged %v ago, with the MQ idle since, would be delivered again after a crash", again, settleWait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A tail torn by a crash is cut on open without asking: a segment cut at any
+// of its last bytes opens without WithLogRepair and restores every message
+// but the torn one, redelivered.
+func TestTornTailIsCutWithoutAsking(t *testing.T) {
+	base := t.TempDir()
+	leaveOnDisk(t, base, "q", 20, func(int) any { return strings.Repeat("m", 500) })
+	segs, err := filepath.Glob(filepath.Join(base, "*.wal"))
+	require.NoError(t, err)
+	require.Len(t, segs, 1)
+	data, err := os.ReadFile(segs[0])
+	require.NoError(t, err)
+	for cut := 1; cut <= 64; cut += 7 {
+		dir := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(dir, filepath.Base(segs[0])), data[:len(data)-cut], 0o600))
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		got := make(chan *tinymq.Msg, 20)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("q"), tinymq.WithDurable()),
+			"a tail torn %d bytes from the end", cut)
+		n := m.Stats().Queues["q"].Depth
+		assert.GreaterOrEqual(t, n, 19, "a tail torn %d bytes from the end", cut)
+		require.NoError(t, m.Start(context.Background()))
+		for _, msg := range recv(t, got, n) {
+			assert.True(t, msg.Redelivered)
+		}
+		stopWithin(t, m)
+	}
+}
+
+// A LOCK planted in the data directory as a symbolic link is never followed:
+// the open is refused with ErrLog, and a file it points to is neither
+// written, truncated nor chmodded, a missing target is not created, and a
+// directory it points to stays empty.
+func TestPlantedLockSymlinkIsNeverFollowed(t *testing.T) {
+	for _, kind := range []string{"to a file", "dangling", "to a directory"} {
+		t.Run(kind, func(t *testing.T) {
+			dir := t.TempDir()
+			victim := filepath.Join(t.TempDir(), "victim")
+			switch kind {
+			case "to a file":
+				require.NoError(t, os.WriteFile(victim, []byte("precious"), 0o644))
+			case "to a directory":
+				require.NoError(t, os.Mkdir(victim, 0o755))
+			}
+			if err := os.Symlink(victim, filepath.Join(dir, "LOCK")); err != nil {
+				t.Skipf("cannot create a symbolic link here: %v", err)
+			}
+			m := tinymq.New(tinymq.WithDataDir(dir))
+			err := m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable())
+			require.ErrorIs(t, err, tinymq.ErrLog)
+			m.Stop()
+			switch kind {
+			case "to a file":
+				b, err := os.ReadFile(victim)
+				require.NoError(t, err)
+				assert.Equal(t, "precious", string(b), "the victim was written")
+				fi, err := os.Stat(victim)
+				require.NoError(t, err)
+				assert.Equal(t, fs.FileMode(0o644), fi.Mode().Perm(), "the victim was chmodded")
+			case "dangling":
+				_, err := os.Lstat(victim)
+				assert.ErrorIs(t, err, fs.ErrNotExist, "the symlink's target was created")
+			case "to a directory":
+				ents, err := os.ReadDir(victim)
+				require.NoError(t, err)
+				assert.Empty(t, ents)
+			}
+		})
+	}
+}
+
+// An open refused because the data directory cannot be one (a file is in
+// its way) fails with ErrLog, not ErrLocked, changes nothing, and the same
+// calls succeed once a directory is there, even one holding a stale LOCK
+// that names a process that is gone.
+func TestDataDirThatCannotBeOpenedIsRetriedOnceFixed(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	require.NoError(t, os.WriteFile(dir, []byte("not a directory"), 0o600))
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	durable := []tinymq.QueueOption{tinymq.WithQueueName("q"), tinymq.WithDurable()}
+	for range 2 {
+		err := m.RegisterQueue("ev", tinymq.Fanout, failing, 1, durable...)
+		require.ErrorIs(t, err, tinymq.ErrLog)
+		assert.NotErrorIs(t, err, tinymq.ErrLocked)
+		assert.Empty(t, m.Topology().Queues)
+	}
+	require.ErrorIs(t, m.Start(context.Background()), tinymq.ErrLog)
+	require.NoError(t, os.Remove(dir))
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "LOCK"), []byte("999999"), 0o600))
+	got := make(chan *tinymq.Msg, 1)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, durable...))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("ev", 1))
+	recv(t, got, 1)
+	stopWithin(t, m)
+}
+
+// Many MQs racing to open one data directory, by Start or by a durable
+// RegisterQueue: exactly one wins, every other gets ErrLocked, and once the
+// winner stops each of them in turn opens it (no loser kept anything).
+func TestRacingOpenersOneWinsTheOthersRetry(t *testing.T) {
+	dir := t.TempDir()
+	const n = 6
+	open := func(m *tinymq.MQ, i int) error {
+		if i%2 == 0 {
+			return m.Start(context.Background())
+		}
+		return m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable())
+	}
+	mqs := make([]*tinymq.MQ, n)
+	for i := range mqs {
+		mqs[i] = tinymq.New(tinymq.WithDataDir(dir), quiet())
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range mqs {
+		wg.Go(func() {
+			<-start
+			errs[i] = open(mqs[i], i)
+		})
+	}
+	close(start)
+	wg.Wait()
+	winners := 0
+	for i, err := range errs {
+		if err == nil {
+			winners++
+			stopWithin(t, mqs[i])
+		} else {
+			require.ErrorIs(t, err, tinymq.ErrLocked, "loser %d", i)
+		}
+	}
+	require.Equal(t, 1, winners)
+	for i, err := range errs {
+		if err != nil {
+			require.NoError(t, open(mqs[i], i), "loser %d retrying", i)
+			stopWithin(t, mqs[i])
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -473,6 +474,8 @@ func TestBadInputGetsSentinelErrors(t *testing.T) {
 
 	require.NoError(t, m.Start(context.Background()))
 	assert.ErrorIs(t, m.Start(context.Background()), tinymq.ErrAlreadyStarted)
+	require.ErrorIs(t, m.Shutdown(nilCtx), tinymq.ErrInvalidOption, "refused while running too")
+	require.NoError(t, m.Publish("fan", 1), "a refused Shutdown stops nothing")
 	m.Stop()
 	assert.ErrorIs(t, m.Publish("fan", 1), tinymq.ErrStopped)
 	assert.ErrorIs(t, m.RegisterQueue("fan", tinymq.Fanout, nop, 1), tinymq.ErrStopped)
@@ -606,6 +609,34 @@ func TestMaxMessageSize(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) { require.ErrorIs(t, m.Publish("ev", tt.data), tt.want) })
 	}
 	require.Equal(t, 3, m.Stats().Queues["q"].Depth, "the queue holds only the messages accepted")
+}
+
+// WithMaxMessageSize(n) with n zero or negative means the default, 1020 MiB.
+func TestMaxMessageSizeOfZeroOrLessIsTheDefault(t *testing.T) {
+	for _, n := range []int{0, -5} {
+		m := tinymq.New(tinymq.WithMaxMessageSize(n), quiet())
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1))
+		require.NoError(t, m.Publish("ev", make([]byte, 4<<20)), "WithMaxMessageSize(%d) means the default", n)
+		m.Stop()
+	}
+}
+
+// A message over the limit is refused at once, also when its queue is full
+// with a Block policy that would make a publish wait for room (and with a
+// delay); after Stop it is refused as stopped or too large, never accepted.
+func TestTooLargeIsRefusedBeforeWaitingForRoom(t *testing.T) {
+	m := tinymq.New(tinymq.WithMaxMessageSize(10), quiet())
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithMaxLen(1, tinymq.Block)))
+	require.NoError(t, m.Publish("ev", "small")) // not started: the queue is full
+	done := make(chan error, 1)
+	go func() {
+		done <- m.PublishContext(context.Background(), "ev", strings.Repeat("x", 11), tinymq.WithDelay(time.Millisecond))
+	}()
+	assert.ErrorIs(t, recv(t, done, 1)[0], tinymq.ErrTooLarge, "an oversized publish to a full Block queue")
+	m.Stop()
+	err := m.Publish("ev", strings.Repeat("x", 11))
+	assert.True(t, errors.Is(err, tinymq.ErrStopped) || errors.Is(err, tinymq.ErrTooLarge), "%v", err)
+	assert.Equal(t, uint64(1), m.Stats().Queues["q"].Accepted)
 }
 
 func TestPublishRacingStopOrShutdownEndsEveryAcceptedMessageOnce(t *testing.T) {

@@ -35,6 +35,7 @@ var promises = []struct {
 		"TestFanoutDeliversEveryAcceptedMessageOnceToEveryQueue", "TestEveryQueueGetsItsOwnCopySharingData",
 		"TestEachQueueOwnsItsMsg", "TestConsumersMayKeepAndModifyTheirMsg", "TestKeptMsgIsUntouchedByRetryAndDeadLetter",
 		"TestQueueRegisteredWhilePublishingGetsEveryLaterMessage", "TestTopicQueueWithSeveralMatchingBindingsGetsOneCopy",
+		"TestConcurrentPublishersMayShareOneHeaderTable",
 	}},
 	{"Without WithRetry the consumer is called once; with WithRetry a message is redelivered after an error or a panic until it succeeds or uses its attempts; Permanent(err) skips the remaining attempts", []string{
 		"TestRetryBackoffIsExponentialCappedAndDeadLetters", "TestPermanentErrorsAndPanics",
@@ -120,6 +121,7 @@ var promises = []struct {
 		"TestDurableQueueOnTwoExchangesAcknowledgesEachApart", "TestDurableMessageRetriedThenSucceededIsNotRedelivered",
 		"TestDurableFailureWithoutRetryIsAcknowledged", "TestDurableShutdownDeadlineLosesNothingAcrossARestart",
 		"TestDurableMessageFailingAfterTheDeadlineStaysInTheLog", "TestShutdownDeadlineReleasesTheDataDir",
+		"TestAcksOfAnIdleMQAreWrittenWithoutAnotherPublish",
 	}},
 	{"Retry attempts and backoffs, delays, TTL deadlines and death records survive with it", []string{
 		"TestRetryAttemptsSurviveARestart", "TestRetryAttemptsSurviveSeveralRestarts",
@@ -145,14 +147,20 @@ var promises = []struct {
 		"TestDeliveryHandlerOnADurableQueue", "TestJSONCodecBytesAsEncodingJSON",
 	}},
 	{"A message is at most WithMaxMessageSize(n) bytes: over it, it is refused with ErrTooLarge before anything is copied or encoded, on every queue", []string{
-		"TestMaxMessageSize", "TestDurableMaxMessageSize",
+		"TestMaxMessageSize", "TestDurableMaxMessageSize", "TestMaxMessageSizeOfZeroOrLessIsTheDefault",
+		"TestTooLargeIsRefusedBeforeWaitingForRoom",
 	}},
 	{"Disk errors: a full disk or a failed write or fsync makes Publish return an error wrapping ErrLog and no queue takes the message; after a failed fsync every durable publish fails until a restart", []string{
-		"TestDiskFaults", "wal.TestFailedSync", "wal.TestFailedWrite", "wal.TestFailedRoll", "wal.TestNoCallHangsAfterAFailure",
+		"TestDiskFaults", "TestReentrancy", "wal.TestFailedSync", "wal.TestFailedWrite", "wal.TestFailedRoll", "wal.TestNoCallHangsAfterAFailure",
 	}},
 	{"A second MQ opening the same directory gets ErrLocked; a refused open keeps nothing", []string{
 		"TestDataDirIsLocked", "TestRefusedOpenKeepsNothingAndARetrySucceeds",
+		"TestDataDirThatCannotBeOpenedIsRetriedOnceFixed", "TestRacingOpenersOneWinsTheOthersRetry",
 		"wal.TestLockSameProcess", "wal.TestLockOtherProcess", "wal.TestRefusedOpenKeepsNothing",
+	}},
+	{"The log's files are created private (0600, the directory 0700) and opened without following symbolic links: a planted LOCK or segment symlink is refused, and its target never touched", []string{
+		"TestPlantedLockSymlinkIsNeverFollowed", "TestReentrancy", "wal.TestFilesArePrivate",
+		"wal.TestLockDoesNotFollowSymlink", "wal.TestSymlinkedSegmentRefused", "wal.TestPlantedNextSegmentSymlinkIsNeverFollowed",
 	}},
 	{"The log: segment files with a versioned header, length-prefixed records with CRC-32C", []string{
 		"wal.TestRecordCRCMatchesSpec", "wal.FuzzDecodeRecord", "wal.TestSegmentNames", "wal.TestVersion1LogWithoutTrimRecordsOpens",
@@ -164,6 +172,7 @@ var promises = []struct {
 	{"A torn tail left by a crash is cut on open; corruption before the tail is refused with an error naming the file and offset (the log package can repair it)", []string{
 		"wal.TestTruncateEveryOffset", "wal.TestFlipEveryByte", "wal.TestRepair", "wal.TestMissingOldestSegment",
 		"wal.TestMergedAsyncBatchesStayAtomicUnderATornTail", "TestCorruptLogIsRefusedUnlessRepaired",
+		"TestTornTailIsCutWithoutAsking",
 	}},
 }
 

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -965,6 +967,259 @@ var scenarios = map[string]func(t *testing.T){
 		assert.Nil(t, recv(t, got, 1)[0])
 		m.Stop()
 	},
+	"logger calls back into the MQ from every log line of a restore": func(t *testing.T) {
+		dir, _ := os.MkdirTemp("", "tinymq-reentrancy")
+		defer os.RemoveAll(dir)
+		leaveOnDisk(t, dir, "a", 6, nil) // restored beyond a limit, into a durable dead-letter queue
+		leaveOnDisk(t, dir, "b", 3, nil) // not registered again: Start's warning
+		leaveOnDisk(t, dir, "c", 3, nil) // restored beyond a limit, with no dead-letter exchange: dropped
+		var m *tinymq.MQ
+		var calls atomic.Int64
+		m = tinymq.New(tinymq.WithDataDir(dir), tinymq.WithLogger(slog.New(&callbackHandler{fn: func() { reenter(m, calls.Add(1)) }})))
+		require.NoError(t, m.RegisterQueue("side", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+			tinymq.WithQueueName("side")))
+		dlq := make(chan *tinymq.Msg, 16)
+		require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, sink(dlq), 1, tinymq.WithQueueName("dlq"), tinymq.WithDurable()))
+		got := make(chan *tinymq.Msg, 16)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("a"), tinymq.WithDurable(),
+			tinymq.WithMaxLen(2, tinymq.DropHead), tinymq.WithDeadLetter("dlx", "")))
+		require.NoError(t, m.RegisterQueue("ev2", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+			tinymq.WithQueueName("c"), tinymq.WithDurable(),
+			tinymq.WithMaxLen(1, tinymq.DropHead)))
+		require.NoError(t, m.Start(context.Background()))
+		recv(t, got, 2)
+		for _, d := range recv(t, dlq, 4) {
+			assert.Equal(t, tinymq.ReasonMaxLen, d.Deaths[0].Reason)
+		}
+		require.Eventually(t, func() bool { return m.Stats().Queues["c"].Dropped == 2 }, wait, time.Millisecond)
+		m.Stop()
+		assert.NotZero(t, calls.Load(), "the logger was called")
+	},
+	"logger calls Stop and Shutdown from Start's warning": func(t *testing.T) {
+		dir, _ := os.MkdirTemp("", "tinymq-reentrancy")
+		defer os.RemoveAll(dir)
+		leaveOnDisk(t, dir, "orphan", 2, nil) // not registered again: Start warns
+		var m *tinymq.MQ
+		stopped := make(chan struct{})
+		var once sync.Once
+		m = tinymq.New(tinymq.WithDataDir(dir), tinymq.WithLogger(slog.New(&callbackHandler{fn: func() {
+			once.Do(func() {
+				m.Stop() // begins the stop and returns at once
+				_ = m.Shutdown(context.Background())
+				close(stopped)
+			})
+		}})))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("other"), tinymq.WithDurable()))
+		started := make(chan error, 1)
+		go func() { started <- m.Start(context.Background()) }()
+		closedWithin(t, stopped, "Stop and Shutdown called from Start's warning returning")
+		if err := recv(t, started, 1)[0]; err != nil {
+			assert.ErrorIs(t, err, tinymq.ErrStopped)
+		}
+		m.Stop()
+		assert.ErrorIs(t, m.Publish("ev", 1), tinymq.ErrStopped)
+		m = tinymq.New(tinymq.WithDataDir(dir), quiet())
+		require.NoError(t, m.Start(context.Background()), "the directory is free again")
+		assert.True(t, m.Stats().Queues["orphan"].Unregistered)
+		m.Stop()
+	},
+	"logger panics on every line of a restore, a Stop before Start and a Shutdown deadline": func(t *testing.T) {
+		dir, _ := os.MkdirTemp("", "tinymq-reentrancy")
+		defer os.RemoveAll(dir)
+		leaveOnDisk(t, dir, "orphan", 2, nil) // Start's warning
+		leaveOnDisk(t, dir, "lim", 4, nil)    // restored beyond a limit: drops
+		var records atomic.Int64
+		logger := tinymq.WithLogger(slog.New(&callbackHandler{fn: func() {
+			if records.Add(1)%2 == 0 {
+				panic(errors.New("the logger panics with an error"))
+			}
+			panic("the logger panics")
+		}}))
+
+		m := tinymq.New(logger)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1))
+		require.NoError(t, m.Publish("ev", 1))
+		m.Stop() // before Start: logs what it drops
+
+		m = tinymq.New(tinymq.WithDataDir(dir), logger)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			switch msg.Data {
+			case "err":
+				return errors.New("fails")
+			case "panic":
+				panic("the consumer panics")
+			}
+			return nil
+		}, 2, tinymq.WithQueueName("work"), tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})))
+		require.NoError(t, m.RegisterQueue("limx", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+			tinymq.WithQueueName("lim"), tinymq.WithDurable(),
+			tinymq.WithMaxLen(1, tinymq.DropHead)))
+		require.NoError(t, m.Start(context.Background()))
+		for _, v := range []string{"err", "panic", "ok"} {
+			require.NoError(t, m.Publish("ev", v))
+		}
+		require.Eventually(t, func() bool {
+			s := m.Stats().Queues["work"]
+			return s.Succeeded == 1 && s.Dropped == 2
+		}, wait, time.Millisecond)
+		m.Stop()
+		assert.Equal(t, uint64(3), m.Stats().Queues["lim"].Dropped)
+
+		m = tinymq.New(logger)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}, 1, tinymq.WithQueueName("slow")))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 5 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		require.Eventually(t, func() bool { return m.Stats().Queues["slow"].InFlight == 1 }, wait, time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered) // the drops are logged by the MQ's own goroutine
+		m.Stop()
+		assert.NotZero(t, records.Load())
+	},
+	"codec calls back into the MQ, blocks in Marshal and calls Stop": func(t *testing.T) {
+		dir, _ := os.MkdirTemp("", "tinymq-reentrancy")
+		defer os.RemoveAll(dir)
+		c := &reenteringCodec{block: make(chan struct{}), in: make(chan struct{}, 1)}
+		m := tinymq.New(tinymq.WithDataDir(dir), tinymq.WithCodec(c))
+		c.m = m
+		require.NoError(t, m.RegisterQueue("side", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+			tinymq.WithQueueName("side")))
+		var decoded atomic.Int64
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, tinymq.Handler(func(context.Context, any) error {
+			decoded.Add(1)
+			return nil
+		}), 2, tinymq.WithQueueName("d"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+
+		blocked := make(chan error, 1)
+		go func() { blocked <- m.Publish("ev", "block") }()
+		recv(t, c.in, 1) // one publisher is stuck in Marshal; everything else goes on
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for i := range 50 {
+					assert.NoError(t, m.Publish("ev", map[string]int{"g": g, "i": i}))
+				}
+			})
+		}
+		published := make(chan struct{})
+		go func() { wg.Wait(); close(published) }()
+		closedWithin(t, published, "publishers beside a codec blocked in Marshal")
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("late"), tinymq.WithDurable()))
+		_ = m.Stats()
+		close(c.block)
+		require.NoError(t, recv(t, blocked, 1)[0])
+		require.Eventually(t, func() bool { return decoded.Load() == 201 }, wait, time.Millisecond)
+
+		// A codec's Marshal that calls Stop, on a publisher's goroutine.
+		dir2, _ := os.MkdirTemp("", "tinymq-reentrancy")
+		defer os.RemoveAll(dir2)
+		var m2 *tinymq.MQ
+		m2 = tinymq.New(tinymq.WithDataDir(dir2), tinymq.WithCodec(&callbackCodec{fn: func() { m2.Stop() }}))
+		require.NoError(t, m2.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		require.NoError(t, m2.Start(context.Background()))
+		if err := m2.Publish("ev", 1); err != nil {
+			assert.ErrorIs(t, err, tinymq.ErrStopped)
+		}
+		m2.Stop()
+		m.Stop()
+	},
+	"logger calls back into the MQ while the disk is full": func(t *testing.T) {
+		var writes atomic.Int64
+		defer tinymq.SetWALFaults(&wal.Faults{WriteErr: func(string) error {
+			if writes.Add(1) > 20 {
+				return syscall.ENOSPC
+			}
+			return nil
+		}})()
+		dir, _ := os.MkdirTemp("", "tinymq-reentrancy")
+		defer os.RemoveAll(dir)
+		var m *tinymq.MQ
+		var calls atomic.Int64
+		m = tinymq.New(tinymq.WithDataDir(dir), tinymq.WithLogger(slog.New(&callbackHandler{fn: func() {
+			if n := calls.Add(1); n <= 100 { // bounded: a Publish logs again once the log failed
+				reenter(m, n)
+			}
+		}})))
+		nop := func(context.Context, *tinymq.Msg) error { return nil }
+		require.NoError(t, m.RegisterQueue("side", tinymq.Fanout, nop, 1, tinymq.WithQueueName("side")))
+		require.NoError(t, m.RegisterQueue("mem", tinymq.Fanout, nop, 1, tinymq.WithQueueName("mem")))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}, 1, tinymq.WithQueueName("d"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		failed := make(chan error, 8)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 200 {
+					if err := m.Publish("ev", strings.Repeat("x", 1<<10)); err != nil {
+						failed <- err
+						return
+					}
+				}
+			})
+		}
+		published := make(chan struct{})
+		go func() { wg.Wait(); close(published) }()
+		closedWithin(t, published, "publishers on a full disk")
+		require.NotEmpty(t, failed, "the disk filled up")
+		require.ErrorIs(t, <-failed, tinymq.ErrLog)
+		require.ErrorIs(t, m.Publish("ev", "small"), tinymq.ErrLog, "after a failed write every durable publish fails")
+		require.NoError(t, m.Publish("mem", "small"), "in-memory queues keep working")
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_ = m.Shutdown(ctx)
+			m.Stop()
+		}()
+		closedWithin(t, stopped, "Stop after a failed write")
+		assert.NotZero(t, calls.Load(), "the logger was called")
+	},
+	"the log's files stay private under umask 0": func(t *testing.T) {
+		syscall.Umask(0) // the whole process: why this runs in a child
+		base, _ := os.MkdirTemp("", "tinymq-umask")
+		defer os.RemoveAll(base)
+		dir := filepath.Join(base, "new", "data") // the MQ creates both
+		leaveOnDisk(t, dir, "q", 5, func(int) any { return strings.Repeat("z", 1000) })
+		segs, err := filepath.Glob(filepath.Join(dir, "*.wal"))
+		require.NoError(t, err)
+		require.NotEmpty(t, segs)
+		b, err := os.ReadFile(segs[0])
+		require.NoError(t, err)
+		b[len(b)/3] ^= 0xff // damage before the tail: repair keeps a copy of what it cuts
+		require.NoError(t, os.WriteFile(segs[0], b, 0o600))
+		m := tinymq.New(tinymq.WithDataDir(dir), tinymq.WithLogRepair(), quiet())
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		m.Stop()
+		var sawCorrupt bool
+		require.NoError(t, filepath.WalkDir(filepath.Dir(dir), func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			fi, err := os.Lstat(p)
+			if err != nil {
+				return err
+			}
+			sawCorrupt = sawCorrupt || strings.Contains(p, ".corrupt-")
+			want := fs.FileMode(0o600)
+			if d.IsDir() {
+				want = 0o700
+			}
+			assert.Equal(t, want, fi.Mode().Perm(), p)
+			return nil
+		}))
+		assert.True(t, sawCorrupt, "repair keeps what it cuts")
+	},
 }
 
 // nilErr is an error whose Error dereferences its receiver: a typed nil
@@ -1005,6 +1260,49 @@ func (h *callbackHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 
 func (h *callbackHandler) WithGroup(string) slog.Handler { return h }
 
+// reenter calls back into m from user code, everything the README allows:
+// Stats, Topology, RecentDeadLetters, Publish, RegisterQueue, Bind and
+// DeclareExchange, the names made new by n.
+func reenter(m *tinymq.MQ, n int64) {
+	_ = m.Stats()
+	_ = m.Topology()
+	_ = m.RecentDeadLetters()
+	_ = m.Publish("side", n)
+	_ = m.RegisterQueue("side", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+		tinymq.WithQueueName(fmt.Sprint("side-", n)))
+	_ = m.Bind(fmt.Sprint("side-", n), "side2", tinymq.Fanout)
+	_ = m.DeclareExchange(fmt.Sprint("x-", n), tinymq.Direct)
+}
+
+// reenteringCodec is JSON that calls back into m (reenter) from Marshal,
+// Unmarshal and ContentType; its Marshal of "block" first signals in and
+// waits for block to close.
+type reenteringCodec struct {
+	m     *tinymq.MQ
+	n     atomic.Int64
+	block chan struct{}
+	in    chan struct{}
+}
+
+func (c *reenteringCodec) Marshal(v any) ([]byte, error) {
+	if v == "block" {
+		c.in <- struct{}{}
+		<-c.block
+	}
+	reenter(c.m, c.n.Add(1))
+	return tinymq.JSONCodec{}.Marshal(v)
+}
+
+func (c *reenteringCodec) Unmarshal(b []byte, v any) error {
+	reenter(c.m, c.n.Add(1))
+	return tinymq.JSONCodec{}.Unmarshal(b, v)
+}
+
+func (c *reenteringCodec) ContentType() string {
+	_ = c.m.Stats()
+	return tinymq.JSONCodec{}.ContentType()
+}
+
 // callbackCodec is JSON that calls fn first, each time it encodes.
 type callbackCodec struct{ fn func() }
 
@@ -1029,7 +1327,8 @@ func TestReentrancy(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestReentrancyChild$", "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), scenarioEnv+"="+name)
+			// The race detector sleeps a second at exit by default: not here.
+			cmd.Env = append(os.Environ(), scenarioEnv+"="+name, "GORACE=atexit_sleep_ms=0")
 			out, err := cmd.CombinedOutput()
 			if ctx.Err() != nil {
 				t.Fatalf("the scenario hung (killed after 60s):\n%s", out)

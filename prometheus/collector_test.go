@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -695,4 +697,173 @@ func TestCollectorPanicNeverFailsTheScrape(t *testing.T) {
 		assert.Equal(t, float64(scrape), errs.GetMetric()[0].GetCounter().GetValue(), "one panic per scrape")
 		require.NotNil(t, mfs["tinymq_queue_consumer_duration_seconds"], "the histogram is still served")
 	}
+}
+
+// labelValues returns the values of label in every series of family.
+func labelValues(mfs []*dto.MetricFamily, family, label string) []string {
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != family {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label {
+					out = append(out, lp.GetValue())
+				}
+			}
+		}
+	}
+	return out
+}
+
+// collectorErrors returns the sum of tinymq_collector_errors_total, or -1 if
+// the family is missing.
+func collectorErrors(mfs []*dto.MetricFamily) float64 {
+	for _, mf := range mfs {
+		if mf.GetName() == "tinymq_collector_errors_total" {
+			var s float64
+			for _, m := range mf.GetMetric() {
+				s += m.GetCounter().GetValue()
+			}
+			return s
+		}
+	}
+	return -1
+}
+
+// TestEveryNameThatIsNotUTF8IsEscapedAsDocumented: names with every kind of
+// invalid UTF-8 (a lone byte, a cut sequence, an encoded surrogate, a code
+// point past U+10FFFF), with backslashes, an unnamed queue named after a bad
+// exchange, and an unregistered durable queue restored from the log under a
+// bad name are each labelled as the package doc says, in their own series;
+// the scrape never fails, in any exposition format.
+func TestEveryNameThatIsNotUTF8IsEscapedAsDocumented(t *testing.T) {
+	nop := func(context.Context, *tinymq.Msg) error { return nil }
+	dir := t.TempDir()
+	// A durable queue with a bad name left in the log, to come back Unregistered.
+	m0 := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m0.RegisterQueue("ex\xfe", tinymq.Fanout, nop, 1, tinymq.WithQueueName("orphan\xff\xfe"), tinymq.WithDurable()))
+	require.NoError(t, m0.Publish("ex\xfe", 1))
+	require.NoError(t, m0.Publish("ex\xfe", 2))
+	require.ErrorIs(t, m0.Shutdown(t.Context()), tinymq.ErrUndelivered, "before Start: they stay in the log")
+
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	c, err := tinymqprom.NewCollector(m)
+	require.NoError(t, err)
+	names := map[string]string{ // name -> label
+		"q\xff":            `q\xff`,
+		`q\xff`:            `q\\xff`,
+		"\xc3\x28":         `\xc3(`,
+		"caf\u00e9":        "caf\u00e9",
+		`back\slash`:       `back\\slash`,
+		"\xed\xa0\x80":     `\xed\xa0\x80`,     // a UTF-16 surrogate encoded: not valid UTF-8
+		"\xf4\x90\x80\x80": `\xf4\x90\x80\x80`, // beyond U+10FFFF
+	}
+	for name := range names {
+		require.NoError(t, m.RegisterQueue("ex\xfe", tinymq.Fanout, c.Instrument(nop), 1, tinymq.WithQueueName(name)))
+	}
+	require.NoError(t, m.RegisterQueue("bad\x80ex", tinymq.Fanout, c.Instrument(nop), 1)) // named after its exchange
+	require.NoError(t, m.Start(t.Context()))
+	require.NoError(t, m.Publish("ex\xfe", "hello"))
+	require.NoError(t, m.Publish("bad\x80ex", "hello"))
+	require.Eventually(t, func() bool {
+		for name, q := range m.Stats().Queues {
+			if name != "orphan\xff\xfe" && q.Succeeded == 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond)
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	mfs, err := reg.Gather()
+	require.NoError(t, err, "the scrape must not fail")
+	assert.Zero(t, collectorErrors(mfs), "tinymq_collector_errors_total")
+
+	qs := labelValues(mfs, "tinymq_queue_accepted_total", "queue")
+	seen := map[string]bool{}
+	for _, q := range qs {
+		assert.True(t, utf8.ValidString(q), "label %q", q)
+		assert.False(t, seen[q], "two names share the series %q", q)
+		seen[q] = true
+	}
+	for name, want := range names {
+		assert.True(t, seen[want], "name %q should be labelled %q; got %q", name, want, qs)
+	}
+	assert.Contains(t, labelValues(mfs, "tinymq_queue_messages_ready", "queue"), `orphan\xff\xfe`, "the unregistered durable queue's label")
+	exs := labelValues(mfs, "tinymq_exchange_published_total", "exchange")
+	assert.Contains(t, exs, `ex\xfe`)
+	assert.Contains(t, exs, `bad\x80ex`)
+	hq := labelValues(mfs, "tinymq_queue_consumer_duration_seconds", "queue")
+	assert.Contains(t, hq, `q\xff`, "Instrument's label")
+	for _, q := range hq {
+		assert.True(t, utf8.ValidString(q), "Instrument's label %q", q)
+	}
+
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
+	defer srv.Close()
+	for _, accept := range []string{"text/plain", "application/openmetrics-text; version=1.0.0",
+		"application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL, nil)
+		require.NoError(t, err)
+		req.Header.Set("Accept", accept)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", accept, body)
+		if strings.HasPrefix(accept, "text") {
+			assert.True(t, utf8.Valid(body), accept)
+		}
+	}
+	m.Stop()
+}
+
+// TestScrapesRacingInvalidNamesAndStopNeverFail scrapes while queues with
+// random names that are not valid UTF-8 are registered and published to, and
+// while the MQ stops: no scrape fails or counts an error.
+func TestScrapesRacingInvalidNamesAndStopNeverFail(t *testing.T) {
+	nop := func(context.Context, *tinymq.Msg) error { return nil }
+	m := tinymq.New()
+	c, err := tinymqprom.NewCollector(m, tinymqprom.WithConstLabels(prometheus.Labels{"mq": "x"}))
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	require.NoError(t, m.Start(t.Context()))
+	var stopping sync.WaitGroup
+	stopAsync := sync.OnceFunc(func() { stopping.Go(m.Stop) })
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			b := fmt.Appendf(nil, "q%d", i)
+			b = append(b, byte(0x80+i%0x80), '\\', byte(0xff-i%3))
+			ex := string([]byte{'e', byte(0xc0 + i%2)})
+			_ = m.RegisterQueue(ex, tinymq.Fanout, c.Instrument(nop), 1, tinymq.WithQueueName(string(b)))
+			_ = m.Publish(ex, i)
+			if i == 300 {
+				stopAsync() // a Stop racing the scrapes
+			}
+		}
+	})
+	for range 20 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		assert.Zero(t, collectorErrors(mfs))
+	}
+	close(done)
+	wg.Wait()
+	stopAsync()
+	stopping.Wait()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	assert.Zero(t, collectorErrors(mfs))
 }

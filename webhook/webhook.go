@@ -38,6 +38,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -348,9 +349,43 @@ func newTarget(endpoint string, u *url.URL) *target {
 // t's secrets removed from its text and from the URL of a [*url.Error].
 func (t *target) failure(err error) error {
 	if ue, ok := err.(*url.Error); ok {
-		err = &url.Error{Op: ue.Op, URL: t.shown, Err: ue.Err}
+		err = &url.Error{Op: ue.Op, URL: t.shown, Err: t.scrub(ue.Err)}
+	} else {
+		err = t.scrub(err)
 	}
 	return &deliveryError{text: "webhook " + t.shown + ": " + t.hide.Replace(err.Error()), err: err}
+}
+
+// scrub returns err, or, when its text shows one of t's secrets (net/http
+// quotes a Location it cannot parse, for one), an error with that text
+// redacted that matches what err matches ([errors.Is], and Timeout) without
+// unwrapping to it: nothing in the chain shows a secret.
+func (t *target) scrub(err error) error {
+	if err == nil {
+		return nil
+	}
+	text := err.Error()
+	if hidden := t.hide.Replace(text); hidden != text {
+		return &scrubbedError{text: hidden, cause: err}
+	}
+	return err
+}
+
+// scrubbedError is an error whose text held a secret (see target.scrub).
+type scrubbedError struct {
+	text  string
+	cause error // never unwrapped: its text shows the secret
+}
+
+func (e *scrubbedError) Error() string { return e.text }
+
+// Is reports whether the hidden error matches target.
+func (e *scrubbedError) Is(target error) bool { return errors.Is(e.cause, target) }
+
+// Timeout reports whether the hidden error was a timeout.
+func (e *scrubbedError) Timeout() bool {
+	var te interface{ Timeout() bool }
+	return errors.As(e.cause, &te) && te.Timeout()
 }
 
 // redactURL returns u as text with its secrets replaced by xxxxx: the

@@ -200,9 +200,10 @@ func TestEncodedPayloadIsSentAsItsBytes(t *testing.T) {
 }
 
 // TestWebhookRedirectIsNeverASuccess answers the POST with each redirect
-// status, pointing at an endpoint that would answer 200: the consumer must
-// not follow it, and must fail with a StatusError that names the status and
-// the Location, whatever the client's own CheckRedirect says.
+// status (and the 3xx statuses Go's client never follows), pointing at an
+// endpoint that would answer 200: the consumer must not follow it, and must
+// fail with a StatusError that names the status and the Location, whatever
+// the client's own CheckRedirect says.
 func TestWebhookRedirectIsNeverASuccess(t *testing.T) {
 	final := &endpoint{answer: func(int, http.ResponseWriter, *http.Request) {}}
 	finalSrv := httptest.NewServer(final)
@@ -225,6 +226,13 @@ func TestWebhookRedirectIsNeverASuccess(t *testing.T) {
 		{"http to https", http.StatusMovedPermanently, tlsSrv.URL + "/final", tlsSrv.Client()},
 		{"client that follows", http.StatusFound, finalSrv.URL + "/final", &http.Client{CheckRedirect: follow}},
 		{"relative Location", http.StatusFound, "/final", nil},
+		// Statuses Go's client never follows are failures all the same.
+		{"300", http.StatusMultipleChoices, finalSrv.URL + "/final", nil},
+		{"304", http.StatusNotModified, finalSrv.URL + "/final", nil},
+		{"305", http.StatusUseProxy, finalSrv.URL + "/final", nil},
+		{"399, unassigned", 399, finalSrv.URL + "/final", nil},
+		{"307 to a client that follows", http.StatusTemporaryRedirect, finalSrv.URL + "/final", &http.Client{CheckRedirect: follow}},
+		{"308 to a client that follows", http.StatusPermanentRedirect, finalSrv.URL + "/final", &http.Client{CheckRedirect: follow}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -304,12 +312,39 @@ func TestWebhookRedirectFollowedByTheTransportIsNotASuccess(t *testing.T) {
 	assert.Equal(t, "GET /final", <-got)
 }
 
+// replayTransport answers every request 200, with resp.Request a GET of the
+// same URL: an answer to another request than the POST.
+type replayTransport struct{}
+
+func (replayTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	get, err := http.NewRequestWithContext(req.Context(), http.MethodGet, req.URL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Response{StatusCode: http.StatusOK, Status: "200 OK", Body: io.NopCloser(strings.NewReader("ok")),
+		Header: http.Header{}, Request: get, ProtoMajor: 1, ProtoMinor: 1}, nil
+}
+
+// TestWebhookResponseToAnotherRequestIsNotASuccess gives the consumer a
+// transport whose 200 answers a GET of the endpoint itself: the URL is the
+// endpoint's, the method is not the POST, so it is not a delivery.
+func TestWebhookResponseToAnotherRequestIsNotASuccess(t *testing.T) {
+	consume, err := webhook.New("http://127.0.0.1:1/hook", webhook.WithClient(&http.Client{Transport: replayTransport{}}))
+	require.NoError(t, err)
+	err = consume(context.Background(), &tinymq.Msg{Data: 1})
+	require.Error(t, err, "a 200 answering a GET (not the POST to the endpoint) is not a delivery")
+	assert.Contains(t, err.Error(), "GET http://127.0.0.1:1/hook")
+}
+
 // TestWebhookErrorsNeverShowTheEndpointPassword fails deliveries in every way
-// to an endpoint with a password and a query token: neither may appear in
-// the returned error, a StatusError's fields, the MQ's log or a dead letter.
+// (a status, one whose body echoes the request, redirects carrying the
+// secrets, a refused connection, a timeout) to an endpoint with a password
+// and query tokens: none may appear in the returned error however formatted,
+// its chain, a StatusError's fields, the MQ's log, a dead letter or
+// RecentDeadLetters.
 func TestWebhookErrorsNeverShowTheEndpointPassword(t *testing.T) {
-	const password, token = "s3cret-pw/x", "t0ken-value"
-	secrets := []string{password, url.PathEscape(password), url.QueryEscape(password), token}
+	const password, token, token2 = "s3cret-pw/x", "t0ken-value", "second-query-secret"
+	secrets := []string{password, url.PathEscape(password), url.QueryEscape(password), token, token2}
 	noSecret := func(t *testing.T, what, text string) {
 		t.Helper()
 		for _, s := range secrets {
@@ -321,7 +356,7 @@ func TestWebhookErrorsNeverShowTheEndpointPassword(t *testing.T) {
 		require.NoError(t, err)
 		u.User = url.UserPassword("user", password)
 		u.Path = "/hook"
-		u.RawQuery = "token=" + token + "&plain"
+		u.RawQuery = "token=" + token + "&x=" + token2 + "&plain"
 		return u.String()
 	}
 
@@ -336,6 +371,16 @@ func TestWebhookErrorsNeverShowTheEndpointPassword(t *testing.T) {
 			}
 		case "redirect":
 			http.Redirect(w, r, withSecrets("http://"+r.Host)+"&case=elsewhere", http.StatusFound)
+		case "redirect elsewhere":
+			elsewhere := &url.URL{Scheme: "http", User: url.UserPassword("user", password), Host: "example.invalid", Path: "/x",
+				RawQuery: "token=" + token}
+			http.Redirect(w, r, elsewhere.String(), http.StatusTemporaryRedirect)
+		case "unparseable redirect": // net/http quotes the Location it cannot parse
+			w.Header().Set("Location", "http://user:"+password+"/x@example.invalid/x?token="+token+"%zz")
+			w.WriteHeader(http.StatusFound)
+		case "echo": // everything the request carried, secrets included
+			w.WriteHeader(http.StatusInternalServerError)
+			fmt.Fprintf(w, "bad: %s %s auth=%s q=%s", r.Method, r.URL, r.Header.Get("Authorization"), r.URL.RawQuery)
 		default:
 			http.Error(w, "broken", http.StatusInternalServerError)
 		}
@@ -353,6 +398,9 @@ func TestWebhookErrorsNeverShowTheEndpointPassword(t *testing.T) {
 	}{
 		{"status", withSecrets(srv.URL), "status 500: broken"},
 		{"redirect", withSecrets(srv.URL) + "&case=redirect", "status 302"},
+		{"redirect to another host", withSecrets(srv.URL) + "&case=redirect+elsewhere", "status 307"},
+		{"redirect to a Location that does not parse", withSecrets(srv.URL) + "&case=unparseable+redirect", "Location"},
+		{"status whose body echoes the request", withSecrets(srv.URL) + "&case=echo", "status 500: bad: POST"},
 		{"connection refused", withSecrets(closedURL), "connection refused"},
 		{"timeout", withSecrets(srv.URL) + "&case=hang", "deadline exceeded"},
 	} {
@@ -364,6 +412,7 @@ func TestWebhookErrorsNeverShowTheEndpointPassword(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Contains(t, err.Error(), "user:xxxxx@", "the error still names the endpoint")
 			noSecret(t, "error", err.Error())
+			noSecret(t, "error formatted with %+v and %#v", fmt.Sprintf("%+v %#v", err, err))
 			for e := err; e != nil; e = errors.Unwrap(e) {
 				noSecret(t, fmt.Sprintf("wrapped %T", e), e.Error())
 			}
@@ -375,6 +424,7 @@ func TestWebhookErrorsNeverShowTheEndpointPassword(t *testing.T) {
 			if errors.As(err, &se) {
 				noSecret(t, "StatusError.URL", se.URL)
 				noSecret(t, "StatusError.Location", se.Location)
+				noSecret(t, "StatusError.Body", se.Body)
 				assert.Contains(t, se.URL, "user:xxxxx@")
 			}
 			if tc.name == "timeout" {
@@ -421,6 +471,11 @@ func TestWebhookErrorsNeverShowTheEndpointPassword(t *testing.T) {
 		require.Len(t, got, 1)
 		assert.Contains(t, got[0].LastError, "status 500")
 		noSecret(t, "dead letter", got[0].LastError)
+		recent := m.RecentDeadLetters()
+		require.NotEmpty(t, recent)
+		for _, dl := range recent {
+			noSecret(t, "RecentDeadLetters", fmt.Sprintf("%+v", dl))
+		}
 		recs := records(t)
 		require.NotEmpty(t, recs)
 		for _, rec := range recs {
@@ -452,4 +507,45 @@ func TestWebhookErrorsNeverShowTheBasicAuthHeader(t *testing.T) {
 	require.ErrorAs(t, err, &se)
 	assert.NotContains(t, se.Body, encoded)
 	assert.Contains(t, se.Body, "Basic xxxxx", "the echo is still shown, the credential hidden")
+}
+
+// An endpoint's secrets in other forms: a password that needs escaping (the
+// URL holds a form other than its bytes), a username that is a token with no
+// password, an escaped query value and a repeated query parameter, all echoed
+// back by the endpoint in both forms.
+func TestWebhookErrorsNeverShowAUsernameTokenOrEscapedSecrets(t *testing.T) {
+	const rawPass = "p@ss/w rd!#secret"
+	const userToken = "ghp_usertoken99"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, pw, _ := r.BasicAuth()
+		w.WriteHeader(http.StatusBadGateway)
+		fmt.Fprintf(w, "user=%s pass=%s uri=%s", user, pw, r.RequestURI)
+	}))
+	defer srv.Close()
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name     string
+		endpoint string
+		secrets  []string
+	}{
+		{"escaped password", "http://" + url.UserPassword("bob", rawPass).String() + "@" + u.Host + "/h",
+			[]string{rawPass, url.PathEscape(rawPass), url.QueryEscape(rawPass)}},
+		{"username token", "http://" + userToken + "@" + u.Host + "/h", []string{userToken}},
+		{"escaped query value", "http://" + u.Host + "/h?k=" + url.QueryEscape(rawPass), []string{rawPass, url.QueryEscape(rawPass)}},
+		{"repeated query parameter", "http://" + u.Host + "/h?api_key=" + userToken + "&api_key=" + userToken + "x", []string{userToken}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			consume, err := webhook.New(tc.endpoint)
+			require.NoError(t, err)
+			err = consume(context.Background(), &tinymq.Msg{Data: 1})
+			require.Error(t, err)
+			var se *webhook.StatusError
+			require.ErrorAs(t, err, &se)
+			text := strings.Join([]string{err.Error(), se.URL, se.Location, se.Body}, "\n")
+			for _, s := range tc.secrets {
+				assert.NotContains(t, text, s, "secret form %q shown in:\n%s", s, text)
+			}
+		})
+	}
 }

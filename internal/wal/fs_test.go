@@ -1,9 +1,12 @@
 package wal
 
 import (
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -80,4 +83,53 @@ func TestSymlinkedSegmentRefused(t *testing.T) {
 	got, err := os.ReadFile(target)
 	require.NoError(t, err)
 	assert.Equal(t, data, got, "the link's target is untouched")
+}
+
+// TestPlantedNextSegmentSymlinkIsNeverFollowed: symbolic links planted under
+// the names of the segments the log will create next, before Open or while
+// the log runs, are never written through when it rolls to a new segment:
+// Open refuses them, or the roll fails, and their targets are never created.
+func TestPlantedNextSegmentSymlinkIsNeverFollowed(t *testing.T) {
+	for _, when := range []string{"before open", "while running"} {
+		t.Run(when, func(t *testing.T) {
+			dir := t.TempDir()
+			l, err := Open(dir, Options{SegmentSize: 200})
+			require.NoError(t, err)
+			commit(t, l, "a=1")
+			require.NoError(t, l.Close())
+			outside := t.TempDir()
+			var victims []string
+			plant := func() {
+				for id := uint64(2); id <= 5; id++ {
+					v := filepath.Join(outside, segName(id)+".victim")
+					victims = append(victims, v)
+					if err := os.Symlink(v, filepath.Join(dir, segName(id))); err != nil {
+						t.Skipf("cannot create a symbolic link here: %v", err)
+					}
+				}
+			}
+			if when == "before open" {
+				plant()
+			}
+			l, err = Open(dir, Options{SegmentSize: 200})
+			if err != nil {
+				require.Equal(t, "before open", when, "an Open refused with nothing planted: %v", err)
+				t.Logf("refused at open: %v", err)
+			} else {
+				if when == "while running" {
+					plant()
+				}
+				var cerr error
+				for i := 0; i < 20 && cerr == nil; i++ { // several segments' worth
+					cerr = l.Commit(putBatch(fmt.Sprint("k", i), strings.Repeat("v", 150)))
+				}
+				t.Logf("commit: %v", cerr)
+				_ = l.Close()
+			}
+			for _, v := range victims {
+				_, err := os.Lstat(v)
+				assert.ErrorIs(t, err, fs.ErrNotExist, "the log wrote through the planted symlink to %s", v)
+			}
+		})
+	}
 }
