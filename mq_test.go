@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -892,4 +893,140 @@ func TestShutdownOfAnIdleMQWithAnEndedContextIsClean(t *testing.T) {
 		require.NoError(t, m.Start(context.Background()))
 		require.NoError(t, m.Shutdown(ctx), "run %d", i)
 	}
+}
+
+func TestStopReleasesBlockedPublishers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		m := tinymq.New()
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			<-release
+			return nil
+		}, 1, tinymq.WithMaxLen(1, tinymq.Block)))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		synctest.Wait()
+		require.NoError(t, m.Publish("ev", 2))
+		done := make(chan error)
+		go func() { done <- m.Publish("ev", 3) }()
+		synctest.Wait()
+		stopped := make(chan struct{})
+		go func() { m.Stop(); close(stopped) }()
+		require.ErrorIs(t, <-done, tinymq.ErrStopped)
+		close(release)
+		<-stopped
+	})
+}
+
+func TestShutdownCountsScheduledMessagesAsUndelivered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			t.Error("the delayed message must not be delivered after the deadline")
+			return nil
+		}, 1, tinymq.WithQueueName("q")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1, tinymq.WithDelay(time.Hour)))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := m.Shutdown(ctx)
+		require.ErrorIs(t, err, tinymq.ErrUndelivered)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Contains(t, err.Error(), "1 never reached a consumer")
+		m.Stop()
+		assert.Equal(t, uint64(1), m.Stats().Queues["q"].Undelivered)
+		time.Sleep(2 * time.Hour) // the scheduler is gone; nothing fires
+	})
+}
+
+// TestStressEveryAcceptedMessageEndsOnce publishes from many goroutines into
+// consumers that fail and panic at random, stops in the middle of it, and
+// checks that every accepted message ended exactly once, delivered or
+// dead-lettered, and that the counters agree.
+func TestStressEveryAcceptedMessageEndsOnce(t *testing.T) {
+	const publishers, perPublisher = 8, 1000
+	type outcome struct {
+		mu   sync.Mutex
+		seen map[int]int
+	}
+	record := func(o *outcome, id int) {
+		o.mu.Lock()
+		o.seen[id]++
+		o.mu.Unlock()
+	}
+	log, _ := logRecords()
+	m := tinymq.New(tinymq.WithLogger(log))
+	queues := []string{"a", "b", "c"}
+	succeeded := map[string]*outcome{}
+	dead := map[string]*outcome{}
+	for _, q := range queues {
+		succeeded[q] = &outcome{seen: map[int]int{}}
+		dead[q] = &outcome{seen: map[int]int{}}
+	}
+	require.NoError(t, m.RegisterQueue("dlx", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+		record(dead[msg.Deaths[0].Queue], msg.Data.(int))
+		return nil
+	}, 2, tinymq.WithQueueName("dead")))
+	for i, name := range queues {
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			switch rand.IntN(4) {
+			case 0:
+				return errors.New("random failure")
+			case 1:
+				panic("random panic")
+			}
+			record(succeeded[msg.Queue], msg.Data.(int))
+			return nil
+		}, i+1, tinymq.WithQueueName(name), tinymq.WithDeadLetter("dlx", ""),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: 50 * time.Microsecond, MaxBackoff: time.Millisecond, Jitter: 1})))
+	}
+	require.NoError(t, m.Start(context.Background()))
+
+	var next atomic.Int64
+	var mu sync.Mutex
+	accepted := map[int]bool{}
+	var wg sync.WaitGroup
+	flowing := make(chan struct{}, publishers)
+	// Each publisher stops at a bound of its own, so that the work left for
+	// Stop to drain does not depend on how long the scheduler lets one run.
+	for range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perPublisher {
+				id := int(next.Add(1))
+				if err := m.Publish("ev", id); err != nil {
+					assert.ErrorIs(t, err, tinymq.ErrStopped)
+					return
+				}
+				mu.Lock()
+				accepted[id] = true
+				mu.Unlock()
+				if i == 200 {
+					flowing <- struct{}{}
+				}
+			}
+		}()
+	}
+	recv(t, flowing, publishers)
+	m.Stop()
+	wg.Wait()
+
+	s := m.Stats()
+	for _, q := range queues {
+		st := s.Queues[q]
+		assert.Equal(t, uint64(len(accepted)), st.Accepted, "queue %s accepted", q)
+		assert.Equal(t, st.Accepted, st.Succeeded+st.DeadLettered, "queue %s: every message succeeded or was dead-lettered", q)
+		assert.Zero(t, st.Dropped+st.Undelivered+uint64(st.Depth+st.InFlight), "queue %s", q)
+		assert.Equal(t, st.Failed, st.Retried+st.DeadLettered, "queue %s: each failure was retried or final", q)
+		for id := range accepted {
+			ok, d := succeeded[q].seen[id], dead[q].seen[id]
+			if ok+d != 1 {
+				t.Fatalf("queue %s, message %d: succeeded %d times, dead-lettered %d times", q, id, ok, d)
+			}
+		}
+		assert.Len(t, succeeded[q].seen, int(st.Succeeded))
+		assert.Len(t, dead[q].seen, int(st.DeadLettered))
+	}
+	assert.Equal(t, s.Queues["a"].DeadLettered+s.Queues["b"].DeadLettered+s.Queues["c"].DeadLettered, s.Queues["dead"].Succeeded)
 }
