@@ -42,6 +42,12 @@ type QueueInfo struct {
 	Filtered bool
 }
 
+// BindingInfo is the name [Topology] gave a binding before it shared
+// [BindingSpec] with the [Engine] contract.
+//
+// Deprecated: use BindingSpec.
+type BindingInfo = BindingSpec
+
 // queueInfo describes the queue that cfg configures.
 func queueInfo(name string, concurrency int, cfg queueConfig) QueueInfo {
 	return QueueInfo{Name: name, Concurrency: concurrency, MaxAttempts: max(cfg.retry.MaxAttempts, 1),
