@@ -371,3 +371,21 @@ var discardLogger = slog.New(slog.DiscardHandler)
 // numbered is the payload of the handler tests. A *numbered boxes into an
 // interface without allocating, so Publish of one allocates nothing.
 type numbered struct{ N int }
+
+// deadAfterRetries publishes one message to a queue "q" (3 attempts, 1 ms
+// apart, dead-lettered to "dlx") whose consumer returns or panics with what
+// fail does, and returns the running MQ (stopped when the test ends) and
+// the message's dead letter.
+func deadAfterRetries(t *testing.T, fail func() error) (*tinymq.MQ, *tinymq.Msg) {
+	t.Helper()
+	m := tinymq.New(quiet())
+	dead := deadLetters(t, m)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		return fail()
+	}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""),
+		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})))
+	require.NoError(t, m.Start(context.Background()))
+	t.Cleanup(func() { stopWithin(t, m) })
+	require.NoError(t, m.Publish("ev", 1))
+	return m, recv(t, dead, 1)[0]
+}

@@ -280,16 +280,7 @@ func TestPermanentAnywhereInTheChainSkipsRetries(t *testing.T) {
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			m := tinymq.New(quiet())
-			dead := deadLetters(t, m)
-			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
-				return c.fail()
-			}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""),
-				tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})))
-			require.NoError(t, m.Start(context.Background()))
-			defer stopWithin(t, m)
-			require.NoError(t, m.Publish("ev", 1))
-			d := recv(t, dead, 1)[0]
+			m, d := deadAfterRetries(t, c.fail)
 			st := waitSettled(t, m, "q", 1)
 			want := 3
 			if c.permanent {

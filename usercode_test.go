@@ -330,16 +330,7 @@ func TestEdgeErrorsAndPanicsSettleOnce(t *testing.T) {
 		"Permanent wrapping panic(string)": {func() error { return tinymq.Permanent(&tinymq.PanicError{Value: "s"}) }, 1, "s"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			m := tinymq.New(quiet())
-			dead := deadLetters(t, m)
-			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
-				return c.fail()
-			}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", ""),
-				tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})))
-			require.NoError(t, m.Start(context.Background()))
-			defer stopWithin(t, m)
-			require.NoError(t, m.Publish("ev", 1))
-			d := recv(t, dead, 1)[0]
+			m, d := deadAfterRetries(t, c.fail)
 			st := waitSettled(t, m, "q", uint64(c.attempts))
 			assert.Equal(t, c.attempts, d.Deaths[0].Attempts)
 			assert.Equal(t, uint64(c.attempts), st.Failed, "%+v", st)
