@@ -2109,3 +2109,74 @@ func TestRacingOpenersOneWinsTheOthersRetry(t *testing.T) {
 		}
 	}
 }
+
+// A Shutdown deadline that passes while durable publishes wait for their
+// fdatasync: a publish whose record reached the log returns nil and counts as
+// undelivered (it comes back after a restart), one that returned ErrStopped
+// never comes back, Shutdown reports the loss, and the ledger is exact. (One
+// whose write the deadline's closing of the log cut short gets ErrLog: it
+// may still be on disk, as the README says.)
+func TestShutdownDeadlineRacingDurablePublishesAccountsForEach(t *testing.T) {
+	for round := range 3 {
+		dir := t.TempDir()
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+			tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		var mu sync.Mutex
+		accepted, stopped, logErr := map[int]bool{}, map[int]bool{}, map[int]bool{}
+		var n atomic.Int64
+		flowing := make(chan struct{}, 16)
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					v := int(n.Add(1))
+					err := m.Publish("ev", v)
+					mu.Lock()
+					switch {
+					case err == nil:
+						accepted[v] = true
+					case errors.Is(err, tinymq.ErrLog):
+						logErr[v] = true
+					default:
+						assert.ErrorIs(t, err, tinymq.ErrStopped)
+						stopped[v] = true
+					}
+					mu.Unlock()
+					if err != nil {
+						return
+					}
+					if i == 5 {
+						flowing <- struct{}{}
+					}
+				}
+			})
+		}
+		recv(t, flowing, 16)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(round)*time.Millisecond)
+		serr := m.Shutdown(ctx)
+		cancel()
+		wg.Wait()
+		m.Stop()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, uint64(len(accepted)), st.Accepted, "round %d: every nil publish is accepted", round)
+		assert.Equal(t, st.Accepted, st.Succeeded+st.Undelivered, "round %d: %+v", round, st)
+		if st.Undelivered > 0 {
+			assert.ErrorIs(t, serr, tinymq.ErrUndelivered, "round %d: Shutdown reports what it left undelivered", round)
+		}
+
+		m = tinymq.New(tinymq.WithDataDir(dir))
+		got := make(chan *tinymq.Msg, len(accepted)+len(stopped)+len(logErr))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		m.Stop()
+		close(got)
+		for d := range got {
+			var v int
+			require.NoError(t, d.Data.(tinymq.Encoded).Decode(&v))
+			assert.False(t, stopped[v], "round %d: message %d, refused with ErrStopped, was delivered after the restart", round, v)
+			assert.True(t, accepted[v] || logErr[v], "round %d: message %d was never published", round, v)
+		}
+	}
+}

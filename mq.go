@@ -493,13 +493,16 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 		ErrUndelivered, m.lost.undelivered, m.lost.inConsumers, ctx.Err())
 }
 
-// abortAll aborts every queue and returns what was lost.
+// abortAll aborts every queue and returns what was lost. It holds the write
+// lock, so that no publish is between its queues' admission and its
+// inbound hold (see enqueueAdmitted): each publish is counted either by the
+// abort or not at all. Publishes hold the read lock only briefly (never
+// across a log sync or user code), so the deadline is not held up.
 func (m *MQ) abortAll() abortTally {
-	m.mu.RLock()
-	queues := slices.Clone(m.order)
-	m.mu.RUnlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	var total abortTally
-	for _, q := range queues {
+	for _, q := range m.order {
 		undelivered, running := q.abort()
 		total.undelivered += undelivered
 		total.inConsumers += running

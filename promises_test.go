@@ -25,6 +25,7 @@ var promises = []struct {
 	{"Accepted means accounted for: Publish returns nil only when every queue the message routes to has accepted it; otherwise no queue has it (all or nothing, also under a concurrent Stop)", []string{
 		"TestStopRacingPublishersLosesNothing", "TestPublishRacingStopOrShutdownEndsEveryAcceptedMessageOnce",
 		"TestMaxLenRejectPublishIsAllOrNothing", "TestRoutingValidation",
+		"TestShutdownDeadlineRacingDurablePublishesAccountsForEach", "TestDurablePublishHoldsNoLockAcrossItsSync",
 	}},
 	{"An accepted message ends in exactly one way (succeeded, dead-lettered, dropped, undelivered), each counted in Stats()", []string{
 		"TestStressEveryAcceptedMessageEndsOnce", "TestTortureLedger", "TestStatsReconcile",

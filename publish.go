@@ -390,6 +390,10 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 		if ev != nil {
 			r.evicted = append(r.evicted, eviction{q, ev})
 		}
+		if err == errAbortedUndelivered { // past the point of no return: accepted, counted undelivered
+			taken++
+			continue
+		}
 		if err != nil { // a Shutdown deadline aborted it since it admitted the message
 			continue
 		}
@@ -398,7 +402,7 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 			m.sched.add(now.Add(pc.delay), q, amsgs[i])
 		}
 	}
-	if taken == 0 { // only a dead letter can get here: publishes are refused once stopping
+	if taken == 0 { // a dead letter, or a publish a Shutdown deadline aborted while it held the lock
 		ex.refused.Add(1)
 		return nil, ErrStopped
 	}

@@ -1,6 +1,7 @@
 package tinymq
 
 import (
+	"errors"
 	"fmt"
 	"iter"
 	"math"
@@ -187,6 +188,10 @@ func (q *queue) unreserve(inbound bool) {
 // acceptReserved enqueues e into the room reserve held (see enqueueLocked
 // for now, delay, ttl and the evicted message), ending the hold of
 // holdInbound when inbound. It fails only when the queue was aborted since.
+// An inbound message is past the point of no return then (its record may be
+// on disk, and other queues may have taken it), so the aborted queue counts
+// it as accepted and undelivered, as the abort counted what it held, and
+// returns errAbortedUndelivered; a durable one is delivered after a restart.
 func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration, inbound bool) (evicted *Msg, err error) {
 	q.mu.Lock()
 	if q.cfg.maxLen > 0 {
@@ -196,6 +201,13 @@ func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration,
 		q.inbound--
 	}
 	if q.closed {
+		if inbound && q.aborted {
+			q.accepted++
+			q.abortLost++
+			q.c.undelivered.Add(1)
+			q.mu.Unlock()
+			return nil, errAbortedUndelivered
+		}
 		q.mu.Unlock()
 		return nil, ErrStopped
 	}
@@ -443,7 +455,10 @@ func (q *queue) close() {
 
 // abort closes the queue and drops what no worker has begun to deliver: in
 // buf, in batches, and in the scheduler. It returns how many entries will
-// never reach the consumer, and how many messages are in the consumer now.
+// never reach the consumer (inbound publishes included, which acceptReserved
+// counts as undelivered when they come; one whose log write then fails is
+// not accepted, and so counted here only), and how many messages are in the
+// consumer now.
 // The abort bit is set under q.mu, so that an eviction or expiry (which
 // count as begun under q.mu) is counted either as begun or as undelivered,
 // never both.
@@ -463,11 +478,12 @@ func (q *queue) abort() (undelivered, running uint64) {
 	q.freeRoomLocked()
 	undelivered = q.entered - begun
 	q.abortLost = undelivered
+	inbound := uint64(q.inbound) // acceptReserved counts them when they come
 	q.mu.Unlock()
 	q.cond.Broadcast()
 	q.mq.sched.dropQueue(q)
 	q.c.undelivered.Add(undelivered)
-	return undelivered, q.inFlight()
+	return undelivered + inbound, q.inFlight()
 }
 
 // inFlight is how many messages are in the consumer now.
@@ -506,6 +522,10 @@ func (q *queue) succeeded() uint64 {
 func (q *queue) begin() bool {
 	return q.begun.Add(1)&abortBit == 0
 }
+
+// errAbortedUndelivered is acceptReserved's answer for an inbound message
+// that an aborted queue counted as undelivered.
+var errAbortedUndelivered = errors.New("accepted by an aborted queue: undelivered")
 
 // restore takes the entries of messages recovered from the log, each with
 // the time it is due (a delay or a retry backoff), in their order, into the
