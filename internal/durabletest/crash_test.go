@@ -29,8 +29,8 @@ const (
 	concEnv  = "LAZYREVIEW_CONC"
 )
 
-// TestLazyChild is what the kill tests run and kill.
-func TestLazyChild(t *testing.T) {
+// TestKilledChild is what the kill tests run and kill.
+func TestKilledChild(t *testing.T) {
 	mode := os.Getenv(childEnv)
 	if mode == "" {
 		t.Skip("child process only")
@@ -90,7 +90,7 @@ func TestLazyChild(t *testing.T) {
 
 func runChild(t *testing.T, env []string, life time.Duration, drain bool) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestLazyChild$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), env...)
 	var buf strings.Builder
 	cmd.Stdout = &buf
