@@ -31,51 +31,119 @@ type order struct {
 
 // A durable queue's messages that no consumer acknowledged are delivered
 // after a restart, with Redelivered set, and a Handler gets the same T.
+//
+// Publishes that returned nil survive: Stop before Start, and a Shutdown
+// deadline with messages queued and in a consumer; after a restart every one
+// of them is delivered, with Redelivered, and nothing acknowledged comes back.
 func TestDurableMessagesSurviveARestart(t *testing.T) {
-	dir := t.TempDir()
-	m := tinymq.New(tinymq.WithDataDir(dir))
-	require.NoError(t, m.RegisterQueue("orders", tinymq.Fanout, failing, 1,
-		tinymq.WithQueueName("billing"), tinymq.WithDurable()))
-	for i := range 5 {
-		require.NoError(t, m.Publish("orders", order{ID: i, Items: []string{"book"}}, tinymq.WithHeaders(map[string]any{"n": int32(i)})))
-	}
-	// Stopped before Start: nothing was delivered, everything is on disk.
-	require.ErrorIs(t, m.Shutdown(context.Background()), tinymq.ErrUndelivered)
+	t.Run("delivered again", func(t *testing.T) {
+		dir := t.TempDir()
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("orders", tinymq.Fanout, failing, 1,
+			tinymq.WithQueueName("billing"), tinymq.WithDurable()))
+		for i := range 5 {
+			require.NoError(t, m.Publish("orders", order{ID: i, Items: []string{"book"}}, tinymq.WithHeaders(map[string]any{"n": int32(i)})))
+		}
+		// Stopped before Start: nothing was delivered, everything is on disk.
+		require.ErrorIs(t, m.Shutdown(context.Background()), tinymq.ErrUndelivered)
 
-	got := make(chan order, 10)
-	var mu sync.Mutex
-	var msgs []*tinymq.Msg
-	m = tinymq.New(tinymq.WithDataDir(dir))
-	h := tinymq.Handler(func(_ context.Context, o order) error {
-		got <- o
-		return nil
+		got := make(chan order, 10)
+		var mu sync.Mutex
+		var msgs []*tinymq.Msg
+		m = tinymq.New(tinymq.WithDataDir(dir))
+		h := tinymq.Handler(func(_ context.Context, o order) error {
+			got <- o
+			return nil
+		})
+		require.NoError(t, m.RegisterQueue("orders", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+			mu.Lock()
+			msgs = append(msgs, msg)
+			mu.Unlock()
+			return h(ctx, msg)
+		}, 1, tinymq.WithQueueName("billing"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		for i, o := range recv(t, got, 5) {
+			assert.Equal(t, order{ID: i, Items: []string{"book"}}, o, "in publish order, the same T")
+		}
+		m.Stop()
+		for i, msg := range msgs {
+			assert.True(t, msg.Redelivered)
+			assert.Equal(t, uint64(i+1), msg.ID)
+			assert.Equal(t, int32(i), msg.Headers["n"], "headers keep their Go types")
+			assert.IsType(t, tinymq.Encoded{}, msg.Data)
+		}
+
+		// All acknowledged: a third run gets nothing.
+		m = tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("orders", tinymq.Fanout, failing, 1, tinymq.WithQueueName("billing"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		assert.Zero(t, m.Stats().Queues["billing"].Depth)
+		require.NoError(t, m.Publish("orders", order{ID: 9}))
+		m.Stop()
+		assert.Equal(t, uint64(1), m.Stats().Exchanges["orders"].Published, "counts this run's")
 	})
-	require.NoError(t, m.RegisterQueue("orders", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
-		mu.Lock()
-		msgs = append(msgs, msg)
-		mu.Unlock()
-		return h(ctx, msg)
-	}, 1, tinymq.WithQueueName("billing"), tinymq.WithDurable()))
-	require.NoError(t, m.Start(context.Background()))
-	for i, o := range recv(t, got, 5) {
-		assert.Equal(t, order{ID: i, Items: []string{"book"}}, o, "in publish order, the same T")
-	}
-	m.Stop()
-	for i, msg := range msgs {
-		assert.True(t, msg.Redelivered)
-		assert.Equal(t, uint64(i+1), msg.ID)
-		assert.Equal(t, int32(i), msg.Headers["n"], "headers keep their Go types")
-		assert.IsType(t, tinymq.Encoded{}, msg.Data)
-	}
+	t.Run("every accepted publish", func(t *testing.T) {
+		for _, how := range []string{"stop before start", "shutdown deadline"} {
+			t.Run(how, func(t *testing.T) {
+				dir := t.TempDir()
+				f := consumerForms()[3]
+				m := tinymq.New(tinymq.WithDataDir(dir))
+				acked := make(chan int, 100)
+				entered := make(chan struct{}, 100)
+				registerDurable(t, m, f, "ev", "q", func(ctx context.Context, c formCall) error {
+					if c.N < 10 {
+						acked <- c.N
+						return nil
+					}
+					entered <- struct{}{}
+					<-ctx.Done()
+					return ctx.Err()
+				})
+				if how == "shutdown deadline" {
+					require.NoError(t, m.Start(context.Background()))
+				}
+				for n := range 30 {
+					require.NoError(t, m.Publish("ev", &numbered{N: n}))
+				}
+				if how == "stop before start" {
+					stopWithin(t, m)
+				} else {
+					recv(t, acked, 10)
+					recv(t, entered, 1)
+					ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+					require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
+					cancel()
+					stopWithin(t, m)
+				}
 
-	// All acknowledged: a third run gets nothing.
-	m = tinymq.New(tinymq.WithDataDir(dir))
-	require.NoError(t, m.RegisterQueue("orders", tinymq.Fanout, failing, 1, tinymq.WithQueueName("billing"), tinymq.WithDurable()))
-	require.NoError(t, m.Start(context.Background()))
-	assert.Zero(t, m.Stats().Queues["billing"].Depth)
-	require.NoError(t, m.Publish("orders", order{ID: 9}))
-	m.Stop()
-	assert.Equal(t, uint64(1), m.Stats().Exchanges["orders"].Published, "counts this run's")
+				m = tinymq.New(tinymq.WithDataDir(dir))
+				got := make(chan formCall, 100)
+				registerDurable(t, m, f, "ev", "q", func(_ context.Context, c formCall) error {
+					got <- c
+					return nil
+				})
+				require.NoError(t, m.Start(context.Background()))
+				require.NoError(t, m.Publish("ev", &numbered{N: 1000}))
+				first := 0
+				if how == "shutdown deadline" {
+					first = 10
+				}
+				var ns []int
+				for _, c := range recv(t, got, 30-first+1) {
+					ns = append(ns, c.N)
+					assert.Equal(t, c.N != 1000, c.Redelivered, "message %d", c.N)
+				}
+				want := []int{}
+				for n := first; n < 30; n++ {
+					want = append(want, n)
+				}
+				want = append(want, 1000)
+				assert.Equal(t, want, ns, "unacknowledged messages, in order, then the new one")
+				stopWithin(t, m)
+				assert.Zero(t, m.Stats().Queues["q"].Depth)
+			})
+		}
+	})
 }
 
 // A consumer of a durable queue gets Data as an Encoded before a restart
@@ -100,38 +168,180 @@ func TestDurableDataIsEncodedEveryTime(t *testing.T) {
 }
 
 // Acknowledged messages are not delivered again; unacknowledged ones are.
+//
+// Two durable queues get the same messages; one acknowledges, the other does
+// not (blocked until the Shutdown deadline) or drops them (failure without
+// retry or dead-letter exchange: acknowledged). After a restart only the
+// unacknowledged ones come back, to their queue only.
+//
+// A message routed to two durable queues comes back only to the queue that
+// had not acknowledged it, after a restart, in publish order; once both have,
+// a third start finds nothing.
 func TestOnlyUnacknowledgedMessagesComeBack(t *testing.T) {
-	dir := t.TempDir()
-	m := tinymq.New(tinymq.WithDataDir(dir))
-	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
-		var n int
-		require.NoError(t, msg.Data.(tinymq.Encoded).Decode(&n))
-		if n < 5 {
-			return nil
+	t.Run("one queue", func(t *testing.T) {
+		dir := t.TempDir()
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+			var n int
+			require.NoError(t, msg.Data.(tinymq.Encoded).Decode(&n))
+			if n < 5 {
+				return nil
+			}
+			<-ctx.Done() // stuck until Shutdown's deadline
+			return ctx.Err()
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 10 {
+			require.NoError(t, m.Publish("ev", i))
 		}
-		<-ctx.Done() // stuck until Shutdown's deadline
-		return ctx.Err()
-	}, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
-	require.NoError(t, m.Start(context.Background()))
-	for i := range 10 {
-		require.NoError(t, m.Publish("ev", i))
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
-	m.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
+		m.Stop()
 
-	got := make(chan int, 10)
-	m = tinymq.New(tinymq.WithDataDir(dir))
-	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, tinymq.Handler(func(_ context.Context, n int) error {
-		got <- n
-		return nil
-	}), 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
-	require.NoError(t, m.Start(context.Background()))
-	// Message 5 failed when the deadline cancelled its context: a durable
-	// message stays in the log then, as a broker requeues it.
-	assert.Equal(t, []int{5, 6, 7, 8, 9}, recv(t, got, 5))
-	m.Stop()
+		got := make(chan int, 10)
+		m = tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, tinymq.Handler(func(_ context.Context, n int) error {
+			got <- n
+			return nil
+		}), 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		// Message 5 failed when the deadline cancelled its context: a durable
+		// message stays in the log then, as a broker requeues it.
+		assert.Equal(t, []int{5, 6, 7, 8, 9}, recv(t, got, 5))
+		m.Stop()
+	})
+	t.Run("only the queue that did not acknowledge", func(t *testing.T) {
+		for _, bMode := range []string{"blocked", "dropped"} {
+			for _, keyed := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/keyed=%v", bMode, keyed), func(t *testing.T) {
+					dir := t.TempDir()
+					kind := tinymq.Fanout
+					var bind []tinymq.QueueOption
+					var pub []tinymq.PublishOption
+					if keyed {
+						kind = tinymq.Direct
+						bind = []tinymq.QueueOption{tinymq.WithBindingKey("k")}
+						pub = []tinymq.PublishOption{tinymq.WithRoutingKey("k"), tinymq.WithHeaders(map[string]any{"h": "v"})}
+					}
+					reg := func(m *tinymq.MQ, name string, fn tinymq.ConsumerFunc) {
+						opts := append([]tinymq.QueueOption{tinymq.WithQueueName(name), tinymq.WithDurable()}, bind...)
+						require.NoError(t, m.RegisterQueue("ev", kind, fn, 1, opts...))
+					}
+					const n = 20
+					m := tinymq.New(tinymq.WithDataDir(dir))
+					aDone := make(chan struct{}, n)
+					bIn := make(chan struct{}, n)
+					reg(m, "a", func(context.Context, *tinymq.Msg) error {
+						aDone <- struct{}{}
+						return nil
+					})
+					reg(m, "b", func(ctx context.Context, _ *tinymq.Msg) error {
+						bIn <- struct{}{}
+						if bMode == "dropped" {
+							return errors.New("no")
+						}
+						<-ctx.Done()
+						return ctx.Err()
+					})
+					require.NoError(t, m.Start(context.Background()))
+					for i := range n {
+						require.NoError(t, m.Publish("ev", &numbered{N: i}, pub...))
+					}
+					recv(t, aDone, n)
+					if bMode == "dropped" {
+						recv(t, bIn, n)
+						stopWithin(t, m)
+						assert.Equal(t, uint64(n), m.Stats().Queues["b"].Dropped)
+					} else {
+						recv(t, bIn, 1)
+						ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+						require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
+						cancel()
+						stopWithin(t, m)
+					}
+
+					for run := range 2 {
+						m = tinymq.New(tinymq.WithDataDir(dir))
+						ga := make(chan *tinymq.Msg, n+1)
+						gb := make(chan *tinymq.Msg, n+1)
+						reg(m, "a", sink(ga))
+						reg(m, "b", sink(gb))
+						require.NoError(t, m.Start(context.Background()))
+						require.NoError(t, m.Publish("ev", &numbered{N: 1000 + run}, pub...))
+						gotA, _ := numberOf(recv(t, ga, 1)[0].Data)
+						assert.Equal(t, 1000+run, gotA, "run %d: queue a redelivered an acknowledged message", run)
+						want := 0
+						if bMode == "blocked" && run == 0 {
+							want = n
+						}
+						for i, msg := range recv(t, gb, want+1) {
+							got, _ := numberOf(msg.Data)
+							if i < want {
+								assert.Equal(t, i, got)
+								assert.True(t, msg.Redelivered)
+								if keyed {
+									assert.Equal(t, "k", msg.RoutingKey)
+									assert.Equal(t, "v", msg.Headers["h"])
+								}
+							} else {
+								assert.Equal(t, 1000+run, got, "run %d: queue b redelivered something it should not", run)
+							}
+						}
+						stopWithin(t, m)
+						st := m.Stats()
+						assert.Zero(t, st.Queues["a"].Depth)
+						assert.Zero(t, st.Queues["b"].Depth)
+					}
+				})
+			}
+		}
+	})
+	t.Run("acknowledgements of a shared message", func(t *testing.T) {
+		dir := t.TempDir()
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		fast := make(chan int, 10)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, tinymq.Handler(func(_ context.Context, n int) error {
+			fast <- n
+			return nil
+		}), 1, tinymq.WithQueueName("fast"), tinymq.WithDurable()))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
+			<-ctx.Done() // stuck until Shutdown's deadline
+			return ctx.Err()
+		}, 1, tinymq.WithQueueName("slow"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 6 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		assert.Equal(t, []int{0, 1, 2, 3, 4, 5}, recv(t, fast, 6))
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
+		m.Stop()
+
+		for range 2 { // the second restart finds what the first one acknowledged gone
+			m = tinymq.New(tinymq.WithDataDir(dir))
+			got := make(chan int, 10)
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+				t.Error("fast had acknowledged every message")
+				return nil
+			}, 1, tinymq.WithQueueName("fast"), tinymq.WithDurable()))
+			slow := m.Stats().Queues["slow"]
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, tinymq.Handler(func(_ context.Context, n int) error {
+				got <- n
+				return nil
+			}), 1, tinymq.WithQueueName("slow"), tinymq.WithDurable()))
+			require.Zero(t, m.Stats().Queues["fast"].Depth, "fast acknowledged everything")
+			if slow.Depth == 0 {
+				m.Stop()
+				return
+			}
+			require.NoError(t, m.Start(context.Background()))
+			assert.Equal(t, []int{0, 1, 2, 3, 4, 5}, recv(t, got, 6), "slow gets all six, in publish order")
+			m.Stop()
+		}
+		t.Fatal("slow's messages came back after it acknowledged them")
+	})
 }
 
 func TestDataDirIsLocked(t *testing.T) {
@@ -417,31 +627,105 @@ func TestDeadLetterMoveIsAtomic(t *testing.T) {
 }
 
 // Retry attempts survive a restart.
-func TestRetryAttemptsSurviveARestart(t *testing.T) {
-	dir := t.TempDir()
-	retry := tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour})
-	failed := make(chan struct{})
-	m := tinymq.New(tinymq.WithDataDir(dir))
-	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
-		close(failed)
-		return errors.New("first attempt")
-	}, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(), retry))
-	require.NoError(t, m.Start(context.Background()))
-	require.NoError(t, m.Publish("ev", 1))
-	closedWithin(t, failed, "the first attempt")
-	require.Eventually(t, func() bool { return m.Stats().Queues["q"].Scheduled == 1 }, wait, time.Millisecond)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_ = m.Shutdown(ctx)
-	m.Stop()
+//
+// Attempt counts survive several restarts: one failed attempt per process,
+// the retry survives each restart, and the fourth attempt dead-letters the
+// message into a durable queue, once.
+func TestRetryAttemptsSurviveRestarts(t *testing.T) {
+	t.Run("one restart", func(t *testing.T) {
+		dir := t.TempDir()
+		retry := tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour})
+		failed := make(chan struct{})
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			close(failed)
+			return errors.New("first attempt")
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(), retry))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		closedWithin(t, failed, "the first attempt")
+		require.Eventually(t, func() bool { return m.Stats().Queues["q"].Scheduled == 1 }, wait, time.Millisecond)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = m.Shutdown(ctx)
+		m.Stop()
 
-	m = tinymq.New(tinymq.WithDataDir(dir))
-	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(), retry))
-	require.NoError(t, m.Start(context.Background()))
-	st := m.Stats().Queues["q"]
-	assert.Equal(t, 1, st.Scheduled, "still backing off: its hour has not passed")
-	_ = m.Shutdown(ctx)
-	m.Stop()
+		m = tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"), tinymq.WithDurable(), retry))
+		require.NoError(t, m.Start(context.Background()))
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, 1, st.Scheduled, "still backing off: its hour has not passed")
+		_ = m.Shutdown(ctx)
+		m.Stop()
+	})
+	t.Run("several restarts", func(t *testing.T) {
+		dir := t.TempDir()
+		f := consumerForms()[3]
+		retry := tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 4, InitialBackoff: 300 * time.Millisecond, MaxBackoff: 300 * time.Millisecond})
+		var attempts []int
+		var redelivered []bool
+		var deadSeen []formCall
+		for proc := 1; proc <= 6 && len(deadSeen) == 0; proc++ {
+			m := tinymq.New(tinymq.WithDataDir(dir))
+			calls := make(chan formCall, 10)
+			deadCh := make(chan formCall, 10)
+			registerDurable(t, m, f, "ev", "q", func(_ context.Context, c formCall) error {
+				calls <- c
+				return errors.New("fail")
+			}, retry, tinymq.WithDeadLetter("dlx", ""))
+			registerDurable(t, m, f, "dlx", "dead", func(_ context.Context, c formCall) error {
+				deadCh <- c
+				return nil
+			})
+			require.NoError(t, m.Start(context.Background()))
+			if proc == 1 {
+				require.NoError(t, m.Publish("ev", &numbered{N: 7}))
+			}
+			c := recv(t, calls, 1)[0]
+			attempts = append(attempts, c.Attempt)
+			redelivered = append(redelivered, c.Redelivered)
+			if c.Attempt < 4 {
+				require.Eventually(t, func() bool { return m.Stats().Queues["q"].Scheduled == 1 }, wait, time.Millisecond)
+			} else {
+				deadSeen = append(deadSeen, recv(t, deadCh, 1)[0])
+				// Wait for the acknowledgement: a message still in its consumer
+				// at a Shutdown deadline stays in the log.
+				require.Eventually(t, func() bool { return m.Stats().Queues["dead"].Succeeded == 1 }, wait, time.Millisecond)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			_ = m.Shutdown(ctx)
+			stopWithin(t, m)
+		drain:
+			for {
+				select {
+				case c := <-calls:
+					attempts = append(attempts, c.Attempt)
+				default:
+					break drain
+				}
+			}
+		}
+		assert.Equal(t, []int{1, 2, 3, 4}, attempts, "one attempt per process, counted across restarts")
+		assert.Equal(t, []bool{false, true, true, true}, redelivered)
+		require.Len(t, deadSeen, 1)
+		if assert.Len(t, deadSeen[0].Deaths, 1) {
+			assert.Equal(t, 4, deadSeen[0].Deaths[0].Attempts)
+			assert.Equal(t, "q", deadSeen[0].Deaths[0].Queue)
+		}
+		// Nothing is left: the dead letter was acknowledged, the source too.
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		got := make(chan formCall, 10)
+		registerDurable(t, m, f, "ev", "q", recordCall(got), retry, tinymq.WithDeadLetter("dlx", ""))
+		registerDurable(t, m, f, "dlx", "dead", recordCall(got))
+		require.NoError(t, m.Start(context.Background()))
+		st := m.Stats()
+		assert.Zero(t, st.Queues["q"].Depth)
+		assert.Zero(t, st.Queues["dead"].Depth)
+		require.NoError(t, m.Publish("dlx", &numbered{N: 99}))
+		assert.Equal(t, 99, recv(t, got, 1)[0].N, "the marker comes first: nothing was redelivered")
+		stopWithin(t, m)
+	})
 }
 
 // The log keeps the messages of a durable queue that is not registered
@@ -890,55 +1174,6 @@ func TestDurableMaxMessageSize(t *testing.T) {
 	require.NoError(t, j.Publish("ev", make([]byte, 700)), "JSONCodec encodes 700 bytes in 936")
 }
 
-// A message routed to two durable queues comes back only to the queue that
-// had not acknowledged it, after a restart, in publish order; once both have,
-// a third start finds nothing.
-func TestDurableAcksOfSharedMessagesSurviveARestart(t *testing.T) {
-	dir := t.TempDir()
-	m := tinymq.New(tinymq.WithDataDir(dir))
-	fast := make(chan int, 10)
-	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, tinymq.Handler(func(_ context.Context, n int) error {
-		fast <- n
-		return nil
-	}), 1, tinymq.WithQueueName("fast"), tinymq.WithDurable()))
-	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
-		<-ctx.Done() // stuck until Shutdown's deadline
-		return ctx.Err()
-	}, 1, tinymq.WithQueueName("slow"), tinymq.WithDurable()))
-	require.NoError(t, m.Start(context.Background()))
-	for i := range 6 {
-		require.NoError(t, m.Publish("ev", i))
-	}
-	assert.Equal(t, []int{0, 1, 2, 3, 4, 5}, recv(t, fast, 6))
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
-	m.Stop()
-
-	for range 2 { // the second restart finds what the first one acknowledged gone
-		m = tinymq.New(tinymq.WithDataDir(dir))
-		got := make(chan int, 10)
-		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
-			t.Error("fast had acknowledged every message")
-			return nil
-		}, 1, tinymq.WithQueueName("fast"), tinymq.WithDurable()))
-		slow := m.Stats().Queues["slow"]
-		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, tinymq.Handler(func(_ context.Context, n int) error {
-			got <- n
-			return nil
-		}), 1, tinymq.WithQueueName("slow"), tinymq.WithDurable()))
-		require.Zero(t, m.Stats().Queues["fast"].Depth, "fast acknowledged everything")
-		if slow.Depth == 0 {
-			m.Stop()
-			return
-		}
-		require.NoError(t, m.Start(context.Background()))
-		assert.Equal(t, []int{0, 1, 2, 3, 4, 5}, recv(t, got, 6), "slow gets all six, in publish order")
-		m.Stop()
-	}
-	t.Fatal("slow's messages came back after it acknowledged them")
-}
-
 // Recovery costs the same per message whatever the backlog: the allocations
 // and the bytes allocated per recovered message do not grow from 10k to 100k
 // messages (they grew with the index, maps and sorts when each was a copy per
@@ -981,144 +1216,6 @@ func registerDurable(t *testing.T, m *tinymq.MQ, f consumerForm, ex, name string
 	t.Helper()
 	opts = append([]tinymq.QueueOption{tinymq.WithQueueName(name), tinymq.WithDurable()}, opts...)
 	require.NoError(t, f.register(m, ex, tinymq.Fanout, fn, 1, opts...))
-}
-
-// Publishes that returned nil survive: Stop before Start, and a Shutdown
-// deadline with messages queued and in a consumer; after a restart every one
-// of them is delivered, with Redelivered, and nothing acknowledged comes back.
-func TestAcceptedDurablePublishesSurviveARestart(t *testing.T) {
-	for _, how := range []string{"stop before start", "shutdown deadline"} {
-		t.Run(how, func(t *testing.T) {
-			dir := t.TempDir()
-			f := consumerForms()[3]
-			m := tinymq.New(tinymq.WithDataDir(dir))
-			acked := make(chan int, 100)
-			entered := make(chan struct{}, 100)
-			registerDurable(t, m, f, "ev", "q", func(ctx context.Context, c formCall) error {
-				if c.N < 10 {
-					acked <- c.N
-					return nil
-				}
-				entered <- struct{}{}
-				<-ctx.Done()
-				return ctx.Err()
-			})
-			if how == "shutdown deadline" {
-				require.NoError(t, m.Start(context.Background()))
-			}
-			for n := range 30 {
-				require.NoError(t, m.Publish("ev", &numbered{N: n}))
-			}
-			if how == "stop before start" {
-				stopWithin(t, m)
-			} else {
-				recv(t, acked, 10)
-				recv(t, entered, 1)
-				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-				require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
-				cancel()
-				stopWithin(t, m)
-			}
-
-			m = tinymq.New(tinymq.WithDataDir(dir))
-			got := make(chan formCall, 100)
-			registerDurable(t, m, f, "ev", "q", func(_ context.Context, c formCall) error {
-				got <- c
-				return nil
-			})
-			require.NoError(t, m.Start(context.Background()))
-			require.NoError(t, m.Publish("ev", &numbered{N: 1000}))
-			first := 0
-			if how == "shutdown deadline" {
-				first = 10
-			}
-			var ns []int
-			for _, c := range recv(t, got, 30-first+1) {
-				ns = append(ns, c.N)
-				assert.Equal(t, c.N != 1000, c.Redelivered, "message %d", c.N)
-			}
-			want := []int{}
-			for n := first; n < 30; n++ {
-				want = append(want, n)
-			}
-			want = append(want, 1000)
-			assert.Equal(t, want, ns, "unacknowledged messages, in order, then the new one")
-			stopWithin(t, m)
-			assert.Zero(t, m.Stats().Queues["q"].Depth)
-		})
-	}
-}
-
-// Attempt counts survive several restarts: one failed attempt per process,
-// the retry survives each restart, and the fourth attempt dead-letters the
-// message into a durable queue, once.
-func TestRetryAttemptsSurviveSeveralRestarts(t *testing.T) {
-	dir := t.TempDir()
-	f := consumerForms()[3]
-	retry := tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 4, InitialBackoff: 300 * time.Millisecond, MaxBackoff: 300 * time.Millisecond})
-	var attempts []int
-	var redelivered []bool
-	var deadSeen []formCall
-	for proc := 1; proc <= 6 && len(deadSeen) == 0; proc++ {
-		m := tinymq.New(tinymq.WithDataDir(dir))
-		calls := make(chan formCall, 10)
-		deadCh := make(chan formCall, 10)
-		registerDurable(t, m, f, "ev", "q", func(_ context.Context, c formCall) error {
-			calls <- c
-			return errors.New("fail")
-		}, retry, tinymq.WithDeadLetter("dlx", ""))
-		registerDurable(t, m, f, "dlx", "dead", func(_ context.Context, c formCall) error {
-			deadCh <- c
-			return nil
-		})
-		require.NoError(t, m.Start(context.Background()))
-		if proc == 1 {
-			require.NoError(t, m.Publish("ev", &numbered{N: 7}))
-		}
-		c := recv(t, calls, 1)[0]
-		attempts = append(attempts, c.Attempt)
-		redelivered = append(redelivered, c.Redelivered)
-		if c.Attempt < 4 {
-			require.Eventually(t, func() bool { return m.Stats().Queues["q"].Scheduled == 1 }, wait, time.Millisecond)
-		} else {
-			deadSeen = append(deadSeen, recv(t, deadCh, 1)[0])
-			// Wait for the acknowledgement: a message still in its consumer
-			// at a Shutdown deadline stays in the log.
-			require.Eventually(t, func() bool { return m.Stats().Queues["dead"].Succeeded == 1 }, wait, time.Millisecond)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		_ = m.Shutdown(ctx)
-		stopWithin(t, m)
-	drain:
-		for {
-			select {
-			case c := <-calls:
-				attempts = append(attempts, c.Attempt)
-			default:
-				break drain
-			}
-		}
-	}
-	assert.Equal(t, []int{1, 2, 3, 4}, attempts, "one attempt per process, counted across restarts")
-	assert.Equal(t, []bool{false, true, true, true}, redelivered)
-	require.Len(t, deadSeen, 1)
-	if assert.Len(t, deadSeen[0].Deaths, 1) {
-		assert.Equal(t, 4, deadSeen[0].Deaths[0].Attempts)
-		assert.Equal(t, "q", deadSeen[0].Deaths[0].Queue)
-	}
-	// Nothing is left: the dead letter was acknowledged, the source too.
-	m := tinymq.New(tinymq.WithDataDir(dir))
-	got := make(chan formCall, 10)
-	registerDurable(t, m, f, "ev", "q", recordCall(got), retry, tinymq.WithDeadLetter("dlx", ""))
-	registerDurable(t, m, f, "dlx", "dead", recordCall(got))
-	require.NoError(t, m.Start(context.Background()))
-	st := m.Stats()
-	assert.Zero(t, st.Queues["q"].Depth)
-	assert.Zero(t, st.Queues["dead"].Depth)
-	require.NoError(t, m.Publish("dlx", &numbered{N: 99}))
-	assert.Equal(t, 99, recv(t, got, 1)[0].N, "the marker comes first: nothing was redelivered")
-	stopWithin(t, m)
 }
 
 // recordCall records and acknowledges.
@@ -1181,97 +1278,6 @@ func TestDurableMessageRetriedThenSucceededIsNotRedelivered(t *testing.T) {
 			assert.Equal(t, 1000, recv(t, got, 1)[0].N, "nothing redelivered before the marker")
 			stopWithin(t, m)
 		})
-	}
-}
-
-// Two durable queues get the same messages; one acknowledges, the other does
-// not (blocked until the Shutdown deadline) or drops them (failure without
-// retry or dead-letter exchange: acknowledged). After a restart only the
-// unacknowledged ones come back, to their queue only.
-func TestOnlyTheQueueThatDidNotAcknowledgeRedelivers(t *testing.T) {
-	for _, bMode := range []string{"blocked", "dropped"} {
-		for _, keyed := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/keyed=%v", bMode, keyed), func(t *testing.T) {
-				dir := t.TempDir()
-				kind := tinymq.Fanout
-				var bind []tinymq.QueueOption
-				var pub []tinymq.PublishOption
-				if keyed {
-					kind = tinymq.Direct
-					bind = []tinymq.QueueOption{tinymq.WithBindingKey("k")}
-					pub = []tinymq.PublishOption{tinymq.WithRoutingKey("k"), tinymq.WithHeaders(map[string]any{"h": "v"})}
-				}
-				reg := func(m *tinymq.MQ, name string, fn tinymq.ConsumerFunc) {
-					opts := append([]tinymq.QueueOption{tinymq.WithQueueName(name), tinymq.WithDurable()}, bind...)
-					require.NoError(t, m.RegisterQueue("ev", kind, fn, 1, opts...))
-				}
-				const n = 20
-				m := tinymq.New(tinymq.WithDataDir(dir))
-				aDone := make(chan struct{}, n)
-				bIn := make(chan struct{}, n)
-				reg(m, "a", func(context.Context, *tinymq.Msg) error {
-					aDone <- struct{}{}
-					return nil
-				})
-				reg(m, "b", func(ctx context.Context, _ *tinymq.Msg) error {
-					bIn <- struct{}{}
-					if bMode == "dropped" {
-						return errors.New("no")
-					}
-					<-ctx.Done()
-					return ctx.Err()
-				})
-				require.NoError(t, m.Start(context.Background()))
-				for i := range n {
-					require.NoError(t, m.Publish("ev", &numbered{N: i}, pub...))
-				}
-				recv(t, aDone, n)
-				if bMode == "dropped" {
-					recv(t, bIn, n)
-					stopWithin(t, m)
-					assert.Equal(t, uint64(n), m.Stats().Queues["b"].Dropped)
-				} else {
-					recv(t, bIn, 1)
-					ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-					require.ErrorIs(t, m.Shutdown(ctx), tinymq.ErrUndelivered)
-					cancel()
-					stopWithin(t, m)
-				}
-
-				for run := range 2 {
-					m = tinymq.New(tinymq.WithDataDir(dir))
-					ga := make(chan *tinymq.Msg, n+1)
-					gb := make(chan *tinymq.Msg, n+1)
-					reg(m, "a", sink(ga))
-					reg(m, "b", sink(gb))
-					require.NoError(t, m.Start(context.Background()))
-					require.NoError(t, m.Publish("ev", &numbered{N: 1000 + run}, pub...))
-					gotA, _ := numberOf(recv(t, ga, 1)[0].Data)
-					assert.Equal(t, 1000+run, gotA, "run %d: queue a redelivered an acknowledged message", run)
-					want := 0
-					if bMode == "blocked" && run == 0 {
-						want = n
-					}
-					for i, msg := range recv(t, gb, want+1) {
-						got, _ := numberOf(msg.Data)
-						if i < want {
-							assert.Equal(t, i, got)
-							assert.True(t, msg.Redelivered)
-							if keyed {
-								assert.Equal(t, "k", msg.RoutingKey)
-								assert.Equal(t, "v", msg.Headers["h"])
-							}
-						} else {
-							assert.Equal(t, 1000+run, got, "run %d: queue b redelivered something it should not", run)
-						}
-					}
-					stopWithin(t, m)
-					st := m.Stats()
-					assert.Zero(t, st.Queues["a"].Depth)
-					assert.Zero(t, st.Queues["b"].Depth)
-				}
-			})
-		}
 	}
 }
 

@@ -163,25 +163,99 @@ func TestPermanentErrorsAndPanics(t *testing.T) {
 	assert.NoError(t, tinymq.Permanent(nil))
 }
 
-func TestRetryDeliversACopy(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var seen []*tinymq.Msg
-		m := tinymq.New()
-		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
-			seen = append(seen, msg) // kept after returning, as a consumer may
-			if msg.Attempt == 1 {
-				return errors.New("once")
+// A retried *Msg is "a copy of it as the consumer left it", in its own queue
+// only; a Delivery consumer owns its copy, so its changes never come back.
+// The other queue of the same keyed publish sees the original.
+func TestRetryDeliversACopyThatStaysInItsQueue(t *testing.T) {
+	t.Run("a copy", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var seen []*tinymq.Msg
+			m := tinymq.New()
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+				seen = append(seen, msg) // kept after returning, as a consumer may
+				if msg.Attempt == 1 {
+					return errors.New("once")
+				}
+				return nil
+			}, 1, tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2})))
+			require.NoError(t, m.Start(context.Background()))
+			require.NoError(t, m.Publish("ev", "x"))
+			m.Stop()
+			require.Len(t, seen, 2)
+			assert.NotSame(t, seen[0], seen[1])
+			assert.Equal(t, 1, seen[0].Attempt, "the kept Msg did not change")
+			assert.Equal(t, 2, seen[1].Attempt)
+			assert.Equal(t, seen[0].ID, seen[1].ID)
+		})
+	})
+	t.Run("in its queue", func(t *testing.T) {
+		retry := tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})
+		t.Run("Msg", func(t *testing.T) {
+			m := tinymq.New()
+			second := make(chan tinymq.Msg, 20)
+			other := make(chan tinymq.Msg, 20)
+			gate := make(chan struct{})
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Direct, func(_ context.Context, msg *tinymq.Msg) error {
+				if msg.Attempt == 1 {
+					msg.RoutingKey = "mut0"
+					msg.Headers = map[string]any{"h": "mut0"}
+					return errors.New("again")
+				}
+				second <- *msg
+				return nil
+			}, 1, tinymq.WithQueueName("q0"), tinymq.WithBindingKey("k"), retry))
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Direct, func(ctx context.Context, msg *tinymq.Msg) error {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+				}
+				other <- *msg
+				return nil
+			}, 1, tinymq.WithQueueName("q1"), tinymq.WithBindingKey("k"), retry))
+			require.NoError(t, m.Start(context.Background()))
+			defer stopWithin(t, m)
+			for n := range 10 {
+				require.NoError(t, m.Publish("ev", &numbered{N: n}, tinymq.WithRoutingKey("k"), tinymq.WithHeaders(map[string]any{"h": "v"})))
 			}
-			return nil
-		}, 1, tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2})))
-		require.NoError(t, m.Start(context.Background()))
-		require.NoError(t, m.Publish("ev", "x"))
-		m.Stop()
-		require.Len(t, seen, 2)
-		assert.NotSame(t, seen[0], seen[1])
-		assert.Equal(t, 1, seen[0].Attempt, "the kept Msg did not change")
-		assert.Equal(t, 2, seen[1].Attempt)
-		assert.Equal(t, seen[0].ID, seen[1].ID)
+			for _, msg := range recv(t, second, 10) {
+				assert.Equal(t, 2, msg.Attempt)
+				assert.Equal(t, "mut0", msg.RoutingKey, "a retry delivers a copy of the Msg as the consumer left it")
+				assert.Equal(t, "mut0", msg.Headers["h"])
+			}
+			close(gate)
+			for _, msg := range recv(t, other, 10) {
+				assert.Equal(t, 1, msg.Attempt)
+				assert.Equal(t, "k", msg.RoutingKey, "another queue's change leaked")
+				assert.Equal(t, "v", msg.Headers["h"], "another queue's change leaked")
+				assert.Equal(t, "q1", msg.Queue)
+			}
+		})
+		t.Run("Delivery", func(t *testing.T) {
+			m := tinymq.New()
+			second := make(chan tinymq.Delivery[*numbered], 20)
+			require.NoError(t, tinymq.RegisterDeliveryHandler(m, "ev", tinymq.Direct, func(_ context.Context, d tinymq.Delivery[*numbered]) error {
+				if d.Attempt == 1 {
+					d.RoutingKey = "mut"
+					d.Attempt = 50
+					d.ID = 0
+					d.Queue = "mut"
+					return errors.New("again")
+				}
+				second <- d
+				return nil
+			}, 2, tinymq.WithQueueName("q0"), tinymq.WithBindingKey("k"), retry))
+			require.NoError(t, m.Start(context.Background()))
+			defer stopWithin(t, m)
+			for n := range 10 {
+				require.NoError(t, m.Publish("ev", &numbered{N: n}, tinymq.WithRoutingKey("k")))
+			}
+			for _, d := range recv(t, second, 10) {
+				assert.Equal(t, 2, d.Attempt)
+				assert.Equal(t, "k", d.RoutingKey)
+				assert.Equal(t, "q0", d.Queue)
+				assert.Equal(t, uint64(d.Data.N+1), d.ID)
+			}
+		})
 	})
 }
 
