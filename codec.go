@@ -4,6 +4,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+
+	"github.com/tinymq/tinymq/internal/guard"
 )
 
 // Codec turns published Data into bytes and back, for messages that leave
@@ -105,7 +107,7 @@ func (e Encoded) Decode(v any) (err error) {
 	}
 	defer func() { // the codec is user code
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: codec panicked: %v", ErrPayloadType, r)
+			err = fmt.Errorf("%w: codec panicked: %s", ErrPayloadType, guard.ValueText(r))
 		}
 	}()
 	if err := c.Unmarshal(e.Body, v); err != nil {

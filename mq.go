@@ -60,7 +60,9 @@ type MQ struct {
 	// held (logHeld) and logged by unlock.
 	//
 	// Locks, in the order they may be taken: m.mu (read or write; the write
-	// lock is never held across user code or a log write, and Publish never
+	// lock is never held across user code or a log write (Shutdown's abort
+	// takes it too, so that each publish is counted by the abort or not at
+	// all: see abortAll), and Publish never
 	// holds the read lock across a log sync: see enqueueAdmitted), then
 	// ex.reserveMu (held across the commit of an ID reservation, with no MQ
 	// lock), then queue locks, several at once only in queue id order (see
@@ -429,7 +431,9 @@ func (m *MQ) Stop() {
 // error wrapping both [ErrUndelivered] and ctx.Err() that says how many
 // accepted messages never reached a consumer; the drops are logged by the
 // MQ's own goroutine, so a slow logger cannot hold Shutdown past its
-// deadline. Workers still inside a consumer then return when the consumer
+// deadline. (The deadline's abort takes the MQ's write lock, so it waits for
+// a RegisterQueue, Bind or Start in progress, which may be opening a data
+// directory's log.) Workers still inside a consumer then return when the consumer
 // does; call Stop to wait for them. If nothing was lost (nothing waited and
 // no consumer was running), Shutdown returns nil even when ctx had ended.
 // Shutdown before Start drops what was published and returns an error
