@@ -31,6 +31,8 @@ type durableLog struct {
 	recovered map[string][]recoveredMsg // queue -> its messages found on disk, not yet registered
 	seqs      map[string]uint64         // exchange -> IDs reserved before this run
 
+	garbage []garbage // messages that recover found no queue holding, for collect
+
 	idsFailed atomic.Bool // a reservation of IDs failed: the log has failed, none is tried again
 	idsWarned atomic.Bool // and that was logged (once)
 }
@@ -41,6 +43,31 @@ type msgRefs struct {
 	pending int
 	acked   []string // queues whose a/ key is in the log
 	stated  []string // queues whose s/ key is in the log
+}
+
+// garbage is a message that no queue holds any more, since the queues that
+// did were deleted: its key, and the queues whose a/ and s/ keys may go
+// with it.
+type garbage struct {
+	key    string
+	queues []string
+}
+
+// collect deletes the garbage that recover found, without waiting.
+func (d *durableLog) collect() {
+	if len(d.garbage) == 0 {
+		return
+	}
+	var b wal.Batch
+	for _, g := range d.garbage {
+		b.Delete([]byte(g.key))
+		for _, q := range g.queues {
+			b.Delete(queueKey("a/", q, g.key))
+			b.Delete(queueKey("s/", q, g.key))
+		}
+	}
+	d.garbage = nil
+	_ = d.log.CommitAsync(&b)
 }
 
 // recoveredMsg is a message found on disk for one queue: what restore needs
@@ -86,6 +113,7 @@ func (m *MQ) openLog() error {
 		return fmt.Errorf("%w: reading %s: %w", ErrLog, m.dataDir, err)
 	}
 	m.dur = d
+	d.collect()
 	for name, ex := range m.exchanges { // declared before the log was open: nothing published yet
 		if ex.seq.Load() == 0 {
 			ex.base = d.seqs[name]
@@ -120,6 +148,7 @@ func (d *durableLog) recover() error {
 		msgs   = make([]logged, 0, d.log.Stats().LiveKeys)
 		acked  = make(map[string][]string) // message key -> queues
 		states = make(map[string]map[string]queueState)
+		tombs  map[string]map[string]uint64 // deleted queue -> exchange -> IDs up to which its messages are not the queue's
 		dec    msgDecoder
 		bad    error
 	)
@@ -156,6 +185,16 @@ func (d *durableLog) recover() error {
 			if n := r.uvarint(); r.err == nil {
 				d.seqs[k[2:]] = n
 			}
+		case "d/":
+			up, err := decodeTombstone(v)
+			if err != nil {
+				bad = err
+				return false
+			}
+			if tombs == nil {
+				tombs = make(map[string]map[string]uint64)
+			}
+			tombs[k[2:]] = up
 		}
 		return true
 	})
@@ -164,6 +203,23 @@ func (d *durableLog) recover() error {
 	}
 	if bad != nil {
 		return bad
+	}
+	if len(tombs) > 0 {
+		// A deleted queue's messages from before its delete are not its
+		// own: as if it had acknowledged them. One that no queue holds any
+		// more is garbage, deleted once the log is open.
+		for i := range msgs {
+			e := &msgs[i]
+			ex, id, ok := parseMsgKey(e.key)
+			if !ok {
+				return errBadRecord
+			}
+			for _, q := range e.queues {
+				if up, ok := tombs[q][ex]; ok && id <= up && !slices.Contains(acked[e.key], q) {
+					acked[e.key] = append(acked[e.key], q)
+				}
+			}
+		}
 	}
 	// Each queue's messages go into one slice, sized first.
 	type qlist struct {
@@ -236,6 +292,10 @@ func (d *durableLog) recover() error {
 				}
 				l.list = append(l.list, r)
 			}
+		}
+		if pending == 0 { // every queue's is gone (see tombs)
+			d.garbage = append(d.garbage, garbage{key: k, queues: e.queues})
+			continue
 		}
 		// A message of one queue, never acknowledged by another nor retried,
 		// needs no refs entry: ack and saveState take a missing one for that.
@@ -481,6 +541,54 @@ func (d *durableLog) saveState(queue, key string, st queueState) {
 	_ = d.log.CommitAsync(&sc.b)
 }
 
+// ackAll records, in one batch that it commits and waits for, that queue is
+// done with the messages of keys: a purge.
+func (d *durableLog) ackAll(queue string, keys []string) error {
+	var b wal.Batch
+	for _, k := range keys {
+		d.ack(queue, k, &b)
+	}
+	if err := d.log.Commit(&b); err != nil {
+		return fmt.Errorf("%w: %w", ErrLog, err)
+	}
+	return nil
+}
+
+// deleteQueue records, in one batch that it commits and waits for, that
+// queue was deleted: its tombstone, which says that no message with an ID
+// up to upTo's (for its exchange) is the queue's any more, so that after a
+// crash the queue's messages in flight at the delete do not come back either;
+// and the acknowledgements of the waiting messages that the delete removed
+// (keys), which frees them now.
+func (d *durableLog) deleteQueue(queue string, keys []string, upTo map[string]uint64) error {
+	var b wal.Batch
+	b.Put(append([]byte("d/"), queue...), encodeTombstone(upTo))
+	for _, k := range keys {
+		d.ack(queue, k, &b)
+	}
+	if err := d.log.Commit(&b); err != nil {
+		return fmt.Errorf("%w: %w", ErrLog, err)
+	}
+	return nil
+}
+
+// idsUpTo is, for every exchange that has had IDs, the highest one so far:
+// declared now, deleted this run, or known to the log. The caller holds the
+// write lock, so no ID is being stamped.
+func (m *MQ) idsUpTo() map[string]uint64 {
+	up := make(map[string]uint64, len(m.exchanges)+len(m.retiredSeqs)+len(m.dur.seqs))
+	for name, n := range m.dur.seqs {
+		up[name] = n
+	}
+	for name, r := range m.retiredSeqs {
+		up[name] = max(up[name], r.seq)
+	}
+	for name, ex := range m.exchanges {
+		up[name] = max(up[name], ex.seq.Load())
+	}
+	return up
+}
+
 // takeRecovered returns, and forgets, what the log holds for queue.
 func (d *durableLog) takeRecovered(queue string) []recoveredMsg {
 	d.mu.Lock()
@@ -552,7 +660,7 @@ func (m *MQ) restore(q *queue) {
 	evicted, later := q.restore(entries, now)
 	m.evicted = append(m.evicted, evicted...)
 	for _, it := range later {
-		m.sched.add(it.due, it.q, it.m)
+		m.sched.add(it)
 	}
 	m.logHeld(slog.LevelInfo, "tinymq: durable queue recovered from the log", slog.String("queue", q.name), slog.Int("count", len(list)))
 }

@@ -18,6 +18,7 @@ import (
 //	a/<len(queue)><queue><message key>         the queue acknowledged it
 //	s/<len(queue)><queue><message key>         its state in the queue (retries)
 //	x/<exchange>                               IDs reserved for the exchange
+//	d/<queue>                                  the queue was deleted (a tombstone)
 //
 // A message's value lists the durable queues it was routed to; it is deleted,
 // with its a/ and s/ keys, when the last of them acknowledges it. Values start
@@ -574,4 +575,34 @@ func (r *reader) value(depth int) any {
 	}
 	r.fail()
 	return nil
+}
+
+// encodeTombstone encodes a d/ value: for each exchange, the highest message
+// ID when the queue was deleted.
+func encodeTombstone(upTo map[string]uint64) []byte {
+	b := []byte{recordVersion}
+	b = binary.AppendUvarint(b, uint64(len(upTo)))
+	for ex, id := range upTo {
+		b = appendString(b, ex)
+		b = binary.AppendUvarint(b, id)
+	}
+	return b
+}
+
+// decodeTombstone decodes a d/ value.
+func decodeTombstone(v []byte) (map[string]uint64, error) {
+	r := &reader{b: v}
+	if r.byte() != recordVersion {
+		return nil, errBadRecord
+	}
+	n := r.count(2)
+	up := make(map[string]uint64, n)
+	for range n {
+		ex := r.string()
+		up[ex] = r.uvarint()
+	}
+	if r.err != nil {
+		return nil, errBadRecord
+	}
+	return up, nil
 }

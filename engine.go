@@ -28,11 +28,35 @@ type Engine interface {
 	// DeclareExchange declares an exchange ([MQ.DeclareExchange]).
 	DeclareExchange(spec ExchangeSpec) error
 	// DeclareQueue declares the queue's exchange, the queue and its binding,
-	// and attaches its consumer ([MQ.RegisterQueue]). Consumption starts at
-	// Start, or at once when the MQ is running.
+	// and attaches its consumer ([MQ.RegisterQueue]); with a nil
+	// spec.Consumer it attaches none ([MQ.DeclareQueue]), and a queue that
+	// exists already with the same settings only gets the binding.
+	// Consumption starts at Start, or at once when the MQ is running.
 	DeclareQueue(spec QueueSpec) error
 	// Bind binds an existing queue to another exchange ([MQ.Bind]).
 	Bind(spec BindingSpec) error
+	// Unbind removes a binding made by DeclareQueue or Bind ([MQ.Unbind]);
+	// a binding that does not exist is not an error.
+	Unbind(spec BindingSpec) error
+	// Consume attaches concurrency workers running c to a declared queue
+	// ([MQ.Consume]); consumption starts at Start, or at once when the MQ is
+	// running. The subscription ends with its Cancel, or at Shutdown.
+	Consume(queue string, c ConsumerFunc, concurrency int) (EngineSubscription, error)
+	// DeleteQueue deletes a queue and returns how many waiting messages went
+	// with it ([MQ.DeleteQueue]); ifUnused and ifEmpty are [IfUnused] and
+	// [IfEmpty], refused with errors wrapping [ErrInUse] and [ErrNotEmpty].
+	DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error)
+	// PurgeQueue removes a queue's waiting messages and returns how many
+	// ([MQ.PurgeQueue]).
+	PurgeQueue(name string) (int, error)
+	// DeleteExchange deletes an exchange and its bindings
+	// ([MQ.DeleteExchange]); with ifUnused it is refused, wrapping
+	// [ErrInUse], while the exchange has bindings.
+	DeleteExchange(name string, ifUnused bool) error
+	// PauseQueue and ResumeQueue stop and restart deliveries from a queue
+	// to its consumers ([MQ.PauseQueue]).
+	PauseQueue(name string) error
+	ResumeQueue(name string) error
 	// Publish accepts one message ([MQ.PublishContext]): it returns nil only
 	// once the message is as safe as the engine promises (a broker's
 	// confirm), and waits at most until ctx ends.
@@ -47,6 +71,15 @@ type Engine interface {
 	Shutdown(ctx context.Context) error
 	// Stats reports what the engine knows ([MQ.Stats]).
 	Stats() Stats
+}
+
+// EngineSubscription is a consumer that [Engine.Consume] attached.
+type EngineSubscription interface {
+	// Cancel stops the consumer taking messages, gives back those it took
+	// and did not begin, and waits for those it is handling until ctx ends
+	// ([Subscription.Cancel]). It is idempotent; called from the
+	// subscription's own consumer it returns without waiting.
+	Cancel(ctx context.Context) error
 }
 
 // EngineConfig is what an [Engine] gets from its MQ.

@@ -33,13 +33,17 @@ var (
 	// kind or other options than it already has.
 	ErrExchangeMismatch = errors.New("tinymq: exchange already declared differently")
 
-	// ErrUnknownExchange is returned by Publish for an exchange that was never declared.
+	// ErrUnknownExchange is returned by Publish, Unbind and DeleteExchange
+	// for an exchange that was never declared, or was deleted.
 	ErrUnknownExchange = errors.New("tinymq: unknown exchange")
 
-	// ErrUnknownQueue is returned by Bind for a queue that was never registered.
+	// ErrUnknownQueue is returned by Bind, Unbind, Consume, DeleteQueue,
+	// PurgeQueue, PauseQueue and ResumeQueue for a queue that was never
+	// declared, or was deleted.
 	ErrUnknownQueue = errors.New("tinymq: unknown queue")
 
-	// ErrDuplicateQueue is returned by RegisterQueue when a queue of that name exists.
+	// ErrDuplicateQueue is returned by RegisterQueue when a queue of that
+	// name exists, and by DeclareQueue when it exists with other settings.
 	ErrDuplicateQueue = errors.New("tinymq: queue already registered")
 
 	// ErrNoRoute is returned by Publish when no queue would receive the message and
@@ -117,6 +121,15 @@ var (
 	// accepted messages could not be handed to a consumer: the deadline expired, or
 	// the MQ was stopped before it was started.
 	ErrUndelivered = errors.New("tinymq: accepted messages not delivered")
+
+	// ErrInUse is returned by DeleteQueue with [IfUnused] while the queue
+	// has a consumer, and by DeleteExchange with IfUnused while the
+	// exchange has bindings. Nothing was deleted.
+	ErrInUse = errors.New("tinymq: in use")
+
+	// ErrNotEmpty is returned by DeleteQueue with [IfEmpty] while messages
+	// wait in the queue or are in its consumers. Nothing was deleted.
+	ErrNotEmpty = errors.New("tinymq: not empty")
 
 	// ErrTooLarge is returned by Publish for a message larger than the MQ's
 	// limit (see [WithMaxMessageSize]). No queue got the message.

@@ -2,6 +2,7 @@ package tinymq
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,7 @@ type exchange struct {
 
 	bindings []BindingSpec // as declared, for Topology
 	durable  atomic.Bool   // a durable queue is bound: publishes encode Data first
+	gone     bool          // deleted; written under the MQ's write lock
 
 	proto *Msg // what plain entries share (see entry)
 	// plain: a fanout exchange whose every queue takes shared entries, so
@@ -147,6 +149,13 @@ func checkBinding(kind ExchangeType, b binding) ([]headersBinding, error) {
 // validated the binding with checkBinding.
 func (e *exchange) bind(q *queue, b binding, hbs []headersBinding) {
 	e.bindings = append(e.bindings, BindingSpec{Queue: q.name, Exchange: e.name, Kind: e.kind, Keys: slices.Clone(b.keys), Args: slices.Clone(b.args)})
+	e.attach(q, b, hbs)
+}
+
+// attach adds q's bindings to the routing tables. The caller holds the MQ's
+// write lock. Lists that a route may have returned are replaced, never
+// changed.
+func (e *exchange) attach(q *queue, b binding, hbs []headersBinding) {
 	if q.cfg.durable {
 		e.durable.Store(true)
 		q.mq.anyDurable.Store(true)
@@ -169,9 +178,124 @@ func (e *exchange) bind(q *queue, b binding, hbs []headersBinding) {
 		}
 	case Headers:
 		if _, ok := e.headers[q]; !ok {
-			e.all = append(e.all, q)
+			e.all = append(slices.Clip(e.all), q)
 		}
 		e.headers[q] = append(e.headers[q], hbs...)
+	}
+}
+
+// hasBinding reports whether q is bound to e with every key and argument
+// table of b (a fanout binding, or a headers binding with no arguments,
+// needs only some binding of q).
+func (e *exchange) hasBinding(q *queue, b binding) bool {
+	var keys []string
+	var args []map[string]any
+	found := false
+	for _, s := range e.bindings {
+		if s.Queue == q.name {
+			found = true
+			keys = append(keys, s.Keys...)
+			args = append(args, s.Args...)
+		}
+	}
+	if !found {
+		return false
+	}
+	for _, k := range b.keys {
+		if !slices.Contains(keys, k) {
+			return false
+		}
+	}
+	for _, a := range b.args {
+		if !slices.ContainsFunc(args, func(o map[string]any) bool { return reflect.DeepEqual(a, o) }) {
+			return false
+		}
+	}
+	return true
+}
+
+// unbindQueue removes q's bindings to e: those of b's keys and argument
+// tables (a b with neither removes the bindings that have neither: a fanout
+// binding, or a headers one with no arguments), or, with a nil b, every one. The caller holds the MQ's write
+// lock. A binding that does not exist is not an error.
+func (e *exchange) unbindQueue(q *queue, b *binding) {
+	var kept, mine []BindingSpec
+	for _, s := range e.bindings {
+		if s.Queue == q.name {
+			mine = append(mine, s)
+		} else {
+			kept = append(kept, s)
+		}
+	}
+	if len(mine) == 0 {
+		return
+	}
+	var left []BindingSpec // what stays of mine
+	if b != nil {
+		bare := len(b.keys) == 0 && len(b.args) == 0 // a fanout binding, or a headers one with no arguments
+		for _, s := range mine {
+			if len(s.Keys) == 0 && len(s.Args) == 0 {
+				if !bare {
+					left = append(left, s)
+				}
+				continue
+			}
+			s.Keys = slices.DeleteFunc(slices.Clone(s.Keys), func(k string) bool { return slices.Contains(b.keys, k) })
+			s.Args = slices.DeleteFunc(slices.Clone(s.Args), func(a map[string]any) bool {
+				return slices.ContainsFunc(b.args, func(o map[string]any) bool { return reflect.DeepEqual(a, o) })
+			})
+			if len(s.Keys) > 0 || len(s.Args) > 0 {
+				left = append(left, s)
+			}
+		}
+	}
+	e.detach(q, mine)
+	for _, s := range left {
+		var hbs []headersBinding
+		if e.kind == Headers {
+			hbs, _ = checkBinding(e.kind, binding{args: s.Args, hasArgs: true}) // validated when bound
+		}
+		e.attach(q, binding{keys: s.Keys, args: s.Args, hasArgs: len(s.Args) > 0}, hbs)
+	}
+	e.bindings = append(kept, left...)
+	dur := false
+	for _, s := range e.bindings {
+		if o := q.mq.queues[s.Queue]; o != nil && o.cfg.durable {
+			dur = true
+		}
+	}
+	e.durable.Store(dur)
+}
+
+// detach takes q out of the routing tables, for the bindings specs. The
+// caller holds the MQ's write lock.
+func (e *exchange) detach(q *queue, specs []BindingSpec) {
+	without := func(qs []*queue) []*queue {
+		return slices.DeleteFunc(slices.Clone(qs), func(o *queue) bool { return o == q })
+	}
+	switch e.kind {
+	case Fanout:
+		e.all = without(e.all)
+		e.plain = len(e.all) > 0 && !slices.ContainsFunc(e.all, func(q *queue) bool { return !q.takesShared() })
+	case Direct:
+		for _, s := range specs {
+			for _, k := range s.Keys {
+				if qs := without(e.direct[k]); len(qs) > 0 {
+					e.direct[k] = qs
+				} else {
+					delete(e.direct, k)
+				}
+			}
+		}
+	case Topic:
+		for _, s := range specs {
+			for _, k := range s.Keys {
+				e.topic.remove(k, q)
+			}
+		}
+	case Headers:
+		e.all = without(e.all)
+		delete(e.headers, q)
 	}
 }
 

@@ -69,6 +69,22 @@ func (f *fifo) push(e entry) {
 	f.n++
 }
 
+// pushFront puts e before every entry, so that it is popped next.
+func (f *fifo) pushFront(e entry) {
+	if f.n == 0 {
+		f.push(e)
+		return
+	}
+	if f.hi == 0 {
+		c := chunkPool.Get().(*chunk)
+		c.next = f.head
+		f.head, f.hi = c, chunkSize
+	}
+	f.hi--
+	f.head.entries[f.hi] = e
+	f.n++
+}
+
 // pop appends the k oldest entries to dst; k <= f.n.
 func (f *fifo) pop(dst []entry, k int) []entry {
 	for range k {
@@ -111,4 +127,16 @@ func (e *entry) expiresAt() int64 {
 		return e.data.(*restored).expires
 	}
 	return e.m.expires()
+}
+
+// dkey is the log key of e's message, or "" for a message of an in-memory
+// queue.
+func (e *entry) dkey() string {
+	if e.m.shared {
+		return ""
+	}
+	if e.m == restoredMark {
+		return e.data.(*restored).key
+	}
+	return e.m.dkey()
 }

@@ -91,6 +91,12 @@ func RegisterDeliveryHandler[T any](m *MQ, exchange string, kind ExchangeType, f
 	if fn == nil {
 		return ErrNilConsumer
 	}
+	return m.register(exchange, kind, deliveryConsumer(fn), concurrency, opts)
+}
+
+// deliveryConsumer is the consumer of a function of Deliveries of T: direct,
+// and a ConsumerFunc for engines.
+func deliveryConsumer[T any](fn func(ctx context.Context, d Delivery[T]) error) consumer {
 	nilOK := reflect.TypeFor[T]().Kind() == reflect.Interface
 	direct := func(ctx context.Context, d Delivery[any]) error {
 		v, err := payloadAs[T](d.Data, nilOK)
@@ -102,5 +108,5 @@ func RegisterDeliveryHandler[T any](m *MQ, exchange string, kind ExchangeType, f
 	}
 	// On an engine the queue is consumed through a ConsumerFunc.
 	asMsg := func(ctx context.Context, msg *Msg) error { return direct(ctx, msg.delivery()) }
-	return m.register(exchange, kind, consumer{fn: asMsg, direct: direct}, concurrency, opts)
+	return consumer{fn: asMsg, direct: direct}
 }

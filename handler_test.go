@@ -833,8 +833,17 @@ func (*hEngine) DeclareExchange(tinymq.ExchangeSpec) error        { return nil }
 func (*hEngine) Bind(tinymq.BindingSpec) error                    { return nil }
 func (*hEngine) Publish(context.Context, tinymq.Publishing) error { return nil }
 func (*hEngine) Start(context.Context) error                      { return nil }
-func (*hEngine) Shutdown(context.Context) error                   { return nil }
-func (*hEngine) Stats() tinymq.Stats                              { return tinymq.Stats{} }
+func (*hEngine) Unbind(tinymq.BindingSpec) error                  { return nil }
+func (*hEngine) Consume(string, tinymq.ConsumerFunc, int) (tinymq.EngineSubscription, error) {
+	return nil, tinymq.ErrUnsupported
+}
+func (*hEngine) DeleteQueue(string, bool, bool) (int, error) { return 0, tinymq.ErrUnsupported }
+func (*hEngine) PurgeQueue(string) (int, error)              { return 0, tinymq.ErrUnsupported }
+func (*hEngine) DeleteExchange(string, bool) error           { return tinymq.ErrUnsupported }
+func (*hEngine) PauseQueue(string) error                     { return tinymq.ErrUnsupported }
+func (*hEngine) ResumeQueue(string) error                    { return tinymq.ErrUnsupported }
+func (*hEngine) Shutdown(context.Context) error              { return nil }
+func (*hEngine) Stats() tinymq.Stats                         { return tinymq.Stats{} }
 
 func (e *hEngine) DeclareQueue(s tinymq.QueueSpec) error {
 	e.mu.Lock()

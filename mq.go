@@ -85,15 +85,21 @@ type MQ struct {
 	// mu guards everything below it. Publish holds the read lock while it routes
 	// and enqueues (which never blocks on a consumer); declaring, binding,
 	// starting and stopping take the write lock.
-	mu        sync.RWMutex
-	state     mqState
-	exchanges map[string]*exchange
-	lastEx    atomic.Pointer[exchange] // the exchange last published to: a lookup without hashing
-	queues    map[string]*queue
-	order     []*queue        // queues in registration order
-	ctx       context.Context // the consumers' context, from Start
-	cancel    context.CancelFunc
-	stopAfter func() bool // unregisters the stop on Start's ctx
+	mu            sync.RWMutex
+	state         mqState
+	exchanges     map[string]*exchange
+	lastEx        atomic.Pointer[exchange] // the exchange last published to: a lookup without hashing
+	queues        map[string]*queue
+	order         []*queue              // queues in registration order
+	queueSeq      int                   // queues created so far: the next one's id and default number
+	deleted       []*queue              // deleted queues whose counts are not yet in deletedSum (see Stats)
+	deletedSum    QueueStats            // the counts of deleted queues that have settled
+	deletedQueues uint64                // queues deleted, by DeleteQueue or expiry
+	expiredQueues uint64                // of those, by expiry
+	retiredSeqs   map[string]retiredSeq // deleted exchanges: where their IDs ended
+	ctx           context.Context       // the consumers' context, from Start
+	cancel        context.CancelFunc
+	stopAfter     func() bool // unregisters the stop on Start's ctx
 
 	held    []heldLog  // lines logged under the write lock, for unlock to log
 	evicted []eviction // messages restore evicted under the write lock, for unlock to dead-letter
@@ -228,6 +234,12 @@ func (m *MQ) declareLocked(name string, kind ExchangeType, cfg exchangeConfig, c
 		ex.base = m.dur.seqs[name]
 		ex.seq.Store(ex.base)
 	}
+	if r, ok := m.retiredSeqs[name]; ok { // IDs go on from the deleted exchange of this name
+		ex.base = max(ex.base, r.seq)
+		ex.seq.Store(ex.base)
+		ex.reserved.Store(r.reserved)
+		delete(m.retiredSeqs, name)
+	}
 	m.exchanges[name] = ex
 	return ex, nil
 }
@@ -272,37 +284,13 @@ func (m *MQ) register(exchange string, kind ExchangeType, c consumer, concurrenc
 	}
 	name := cfg.name
 	if name == "" {
-		name = fmt.Sprintf("%s#%d", exchange, len(m.order)+1)
+		name = fmt.Sprintf("%s#%d", exchange, m.queueSeq+1)
 	}
 	if m.queues[name] != nil {
 		return fmt.Errorf("%w: %q", ErrDuplicateQueue, name)
 	}
-	if m.engine != nil {
-		return m.registerOnEngine(exchange, kind, c, concurrency, name, cfg)
-	}
-	if cfg.durable {
-		if cfg.name == "" || m.dataDir == "" {
-			return fmt.Errorf("%w: a durable queue needs WithQueueName and the MQ WithDataDir", ErrInvalidOption)
-		}
-		if err := m.openLog(); err != nil {
-			return err
-		}
-	}
-	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false)
-	if err != nil {
-		return err
-	}
-	q := newQueue(len(m.order), name, c, concurrency, cfg, m)
-	m.queues[name] = q
-	m.order = append(m.order, q)
-	ex.bind(q, cfg.binding, hbs)
-	if cfg.durable {
-		m.restore(q)
-	}
-	if m.state == stateRunning {
-		m.startWorkers(q)
-	}
-	return nil
+	_, err = m.createQueueLocked(exchange, kind, name, cfg, hbs, &c, concurrency)
+	return err
 }
 
 // Bind binds an existing queue to another exchange, declaring that exchange on
@@ -349,12 +337,15 @@ func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...BindingOpti
 	return nil
 }
 
-// startWorkers starts q's workers. The caller holds the write lock and the MQ
-// is running, so Stop cannot be waiting on the WaitGroup yet.
+// startWorkers starts the workers of q's subscriptions. The caller holds
+// the write lock and the MQ is running, so Stop cannot be waiting on the
+// WaitGroup yet.
 func (m *MQ) startWorkers(q *queue) {
-	m.wg.Add(q.concurrency)
-	for _, w := range q.workers {
-		go w.run(m.ctx, &m.wg)
+	q.mu.Lock()
+	subs := q.subs
+	q.mu.Unlock()
+	for _, s := range subs {
+		m.startSub(s)
 	}
 }
 
@@ -571,6 +562,21 @@ wait:
 			break wait
 		}
 	}
+	// What waits in a queue that no consumer takes (it has none, or is
+	// paused) stays there, as in a broker: undelivered, and logged.
+	for _, q := range queues {
+		if n := q.strand(); n > 0 {
+			if q.cfg.durable {
+				m.logAttrs(slog.LevelWarn, "tinymq: stopped with messages in a queue that no consumer takes; they stay in the log for the next start", func(a []slog.Attr) []slog.Attr {
+					return append(a, slog.String("queue", q.name), slog.Int("count", n))
+				})
+			} else {
+				m.logAttrs(slog.LevelError, "tinymq: stopped with messages in a queue that no consumer takes, not delivered", func(a []slog.Attr) []slog.Attr {
+					return append(a, slog.String("queue", q.name), slog.Int("count", n))
+				})
+			}
+		}
+	}
 	// A queue that lost messages to an abort was aborted before it could
 	// look quiescent, so every such loss is known here.
 	m.logLost("tinymq: shutdown deadline passed, messages not delivered")
@@ -610,38 +616,4 @@ func quiescent(queues []*queue) bool {
 		q.mu.Unlock()
 	}
 	return ok
-}
-
-// registerOnEngine is RegisterQueue on an engine. The caller holds the write
-// lock, so the engine sees registrations one at a time and none after Stop
-// began; the queue is recorded, without workers, so that names stay unique
-// and Bind finds it.
-func (m *MQ) registerOnEngine(exchange string, kind ExchangeType, c consumer, concurrency int, name string, cfg queueConfig) error {
-	if exchange == "" {
-		return fmt.Errorf("%w: exchange name", ErrEmptyName)
-	}
-	retry := cfg.retry
-	if retry.MaxAttempts == 0 {
-		retry.MaxAttempts = 1
-	}
-	spec := QueueSpec{
-		QueueInfo: queueInfo(name, concurrency, cfg),
-		Named:     cfg.name != "",
-		Binding:   BindingSpec{Queue: name, Exchange: exchange, Kind: kind, Keys: cfg.binding.keys, Args: cfg.binding.args},
-		Consumer:  c.fn,
-		Retry:     retry,
-		Filter:    cfg.filter,
-	}
-	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false) // validates the kind
-	if err != nil {
-		return err
-	}
-	if err := m.engine.DeclareQueue(spec); err != nil {
-		return err
-	}
-	q := newQueue(len(m.order), name, c, concurrency, cfg, m)
-	m.queues[name] = q
-	m.order = append(m.order, q)
-	ex.bind(q, cfg.binding, nil)
-	return nil
 }

@@ -3,8 +3,17 @@ package tinymq
 import (
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 )
+
+// funcID identifies a function value, or 0 for nil.
+func funcID(f func(*Msg) bool) uintptr {
+	if f == nil {
+		return 0
+	}
+	return reflect.ValueOf(f).Pointer()
+}
 
 // QueueOption configures a queue in [MQ.RegisterQueue].
 type QueueOption interface {
@@ -31,6 +40,16 @@ type queueConfig struct {
 	dlx      string
 	dlxKey   string
 	durable  bool
+	expiry   time.Duration // WithQueueExpiry
+}
+
+// same reports whether c and o ask for the same queue, bindings aside: what
+// DeclareQueue compares when a queue of that name exists. Filters are
+// compared by function value.
+func (c queueConfig) same(o queueConfig) bool {
+	return c.retry == o.retry && c.ttl == o.ttl && c.maxLen == o.maxLen && c.overflow == o.overflow &&
+		c.dlx == o.dlx && c.dlxKey == o.dlxKey && c.durable == o.durable && c.expiry == o.expiry &&
+		funcID(c.filter) == funcID(o.filter)
 }
 
 type queueOptionFunc func(*queueConfig) error
@@ -125,6 +144,56 @@ func bindingOptions(kind ExchangeType, opts []BindingOption) (binding, []headers
 	}
 	hbs, err := checkBinding(kind, b)
 	return b, hbs, err
+}
+
+// WithQueueExpiry deletes the queue once it has been unused for d: no
+// consumer, no [MQ.Consume] and no declare of it again for that long, as
+// RabbitMQ's x-expires does. Its waiting messages go with it, counted in
+// [Stats].Deleted and logged, not dead-lettered (as in RabbitMQ). The clock
+// starts when the queue is declared, or when its last consumer is cancelled,
+// and expiry happens only while the MQ runs. d must be positive.
+func WithQueueExpiry(d time.Duration) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: queue expiry %v", ErrInvalidOption, d)
+		}
+		c.expiry = d
+		return nil
+	})
+}
+
+// DeleteOption is a condition of [MQ.DeleteQueue] or [MQ.DeleteExchange].
+type DeleteOption interface {
+	applyDelete(*deleteConfig)
+}
+
+type deleteConfig struct {
+	ifUnused, ifEmpty bool
+}
+
+type deleteOptionFunc func(*deleteConfig)
+
+func (f deleteOptionFunc) applyDelete(c *deleteConfig) { f(c) }
+
+// IfUnused makes [MQ.DeleteQueue] refuse, with [ErrInUse], a queue that has
+// a consumer, and [MQ.DeleteExchange] an exchange that has bindings, as
+// RabbitMQ's if-unused flag does.
+func IfUnused() DeleteOption { return deleteOptionFunc(func(c *deleteConfig) { c.ifUnused = true }) }
+
+// IfEmpty makes [MQ.DeleteQueue] refuse, with [ErrNotEmpty], a queue in which
+// messages wait or are in a consumer, as RabbitMQ's if-empty flag does.
+// [MQ.DeleteExchange] refuses it with [ErrInvalidOption].
+func IfEmpty() DeleteOption { return deleteOptionFunc(func(c *deleteConfig) { c.ifEmpty = true }) }
+
+func deleteOptions(opts []DeleteOption) (deleteConfig, error) {
+	var c deleteConfig
+	for _, o := range opts {
+		if o == nil {
+			return c, fmt.Errorf("%w: nil DeleteOption", ErrInvalidOption)
+		}
+		o.applyDelete(&c)
+	}
+	return c, nil
 }
 
 // Option configures an MQ in [New].

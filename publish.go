@@ -139,7 +139,8 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 	}
 	ex := m.lastEx.Load()
 	if ex == nil || ex.name != name {
-		// Exchanges are never removed, so the last one found stays valid.
+		// DeleteExchange clears lastEx under the write lock, so the last
+		// one found is valid under the read lock.
 		if ex = m.exchanges[name]; ex == nil {
 			m.mu.RUnlock()
 			return nil, fmt.Errorf("%w: %q", ErrUnknownExchange, name)
@@ -195,6 +196,21 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 				return nil, ErrStopped
 			}
 			dst, msgs = dst[:n], msgs[:n]
+			// Without the lock, the topology may have changed: a queue
+			// deleted, or unbound, meanwhile does not get the message, as
+			// if the change came first.
+			if ex.gone || cur.gone {
+				m.mu.RUnlock()
+				return nil, fmt.Errorf("%w: %q", ErrUnknownExchange, name)
+			}
+			keep := 0
+			for i, q := range dst {
+				if !q.gone && slices.Contains(cur.route(pc.routingKey, pc.headers, nil), q) {
+					dst[keep], msgs[keep] = q, msgs[i]
+					keep++
+				}
+			}
+			dst, msgs = dst[:keep], msgs[:keep]
 		}
 		if len(dst) > 0 {
 			return m.enqueue(r, dst, msgs, dl) // releases the read lock
@@ -386,12 +402,19 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 	}
 	taken := 0
 	for i, q := range adm {
-		ev, err := q.acceptReserved(newEntry(amsgs[i], id, r.data), now, pc.delay, pc.ttl, logged)
+		ev, gen, err := q.acceptReserved(newEntry(amsgs[i], id, r.data), now, pc.delay, pc.ttl, logged)
 		if ev != nil {
 			r.evicted = append(r.evicted, eviction{q, ev})
 		}
-		if err == errAbortedUndelivered { // past the point of no return: accepted, counted undelivered
+		switch err {
+		case errAbortedUndelivered: // past the point of no return: accepted, counted undelivered
 			taken++
+			continue
+		case errRemovedOnArrival: // past it too: accepted, counted as the delete's
+			taken++
+			if q.cfg.durable {
+				m.dur.ack(q.name, amsgs[i].dkey(), nil)
+			}
 			continue
 		}
 		if err != nil { // a Shutdown deadline aborted it since it admitted the message
@@ -399,7 +422,7 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 		}
 		taken++
 		if pc.delay > 0 && !evictedSelf(r.evicted, amsgs[i]) {
-			m.sched.add(now.Add(pc.delay), q, amsgs[i])
+			m.sched.add(schedItem{due: now.Add(pc.delay), q: q, m: amsgs[i], gen: gen})
 		}
 	}
 	if taken == 0 { // a dead letter, or a publish a Shutdown deadline aborted while it held the lock

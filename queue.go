@@ -39,32 +39,42 @@ func (q *queue) takesShared() bool {
 // (under mu) rather than sleep, so a slow message never holds back the
 // messages taken with it while another worker is idle.
 type queue struct {
-	id          int
-	name        string
-	consumer    consumer
-	concurrency int
-	cfg         queueConfig
-	mq          *MQ
+	id   int
+	name string
+	cfg  queueConfig
+	mq   *MQ
+	// gone: deleted (DeleteQueue or expiry). Written under the MQ's write
+	// lock and q.mu, so readable under either.
+	gone bool
 
-	mu        sync.Mutex
-	cond      sync.Cond // L is &mu; signalled once per parked worker to wake
-	buf       fifo
-	workers   []*worker     // one per worker slot, for stealing and counting
-	idle      atomic.Int32  // workers parked in cond.Wait and not yet signalled; written under mu (see wakeThief)
-	waking    int           // workers signalled that have not taken the lock since (see wakeOneLocked)
-	busy      int           // workers holding a batch
-	scheduled int           // messages waiting in the scheduler for a delay or a retry
-	stopping  bool          // the MQ is stopping: report when quiescent
-	closed    bool          // workers exit once buf is empty
-	shut      atomic.Bool   // closed, readable without mu (see reserve)
-	aborted   bool          // Shutdown's deadline passed: nothing more is delivered
-	room      chan struct{} // closed when there may be room (Block publishers wait on it)
-	accepted  uint64        // messages published into the queue
-	entered   uint64        // entries into buf or the scheduler: accepted messages and retries
-	expiryAt  int64         // when the scheduler checks the head for expiry; 0: no check pending
-	reserved  int           // room held for publishes between reserve and acceptReserved
-	inbound   int           // admitted publishes writing to the log without the MQ's lock: not quiescent
-	abortLost uint64        // what abort counted as undelivered, for drain to log
+	mu          sync.Mutex
+	cond        sync.Cond // L is &mu; signalled once per parked worker to wake
+	buf         fifo
+	workers     []*worker       // one per worker slot of every subscription, for stealing and counting; replaced, never changed
+	subs        []*Subscription // the subscriptions not cancelled, in the order they came
+	active      int             // their workers: each one's fair share of a refill
+	paused      bool            // PauseQueue: no worker takes a message
+	usedAt      int64           // UnixNano: when the queue was last declared, consumed or left without consumers (WithQueueExpiry)
+	expiryArmed bool            // the scheduler holds an expire item for the queue
+	takes       uint64          // batches taken: the order in which entries given back return to buf
+	gen         uint32          // purges and deletes so far: a scheduler item of an older gen is gone
+	idle        atomic.Int32    // workers parked in cond.Wait and not yet signalled; written under mu (see wakeThief)
+	waking      int             // workers signalled that have not taken the lock since (see wakeOneLocked)
+	busy        int             // workers holding a batch
+	scheduled   int             // messages waiting in the scheduler for a delay or a retry
+	stopping    bool            // the MQ is stopping: report when quiescent
+	closed      bool            // workers exit once buf is empty
+	shut        atomic.Bool     // closed, readable without mu (see reserve)
+	aborted     bool            // Shutdown's deadline passed: nothing more is delivered
+	room        chan struct{}   // closed when there may be room (Block publishers wait on it)
+	accepted    uint64          // messages published into the queue
+	entered     uint64          // entries into buf or the scheduler: accepted messages and retries
+	expiryAt    int64           // when the scheduler checks the head for expiry; 0: no check pending
+	reserved    int             // room held for publishes between reserve and acceptReserved
+	inbound     int             // admitted publishes writing to the log without the MQ's lock: not quiescent
+	abortLost   uint64          // what abort counted as undelivered, for drain to log
+	left        retiredCounts   // what the workers that left counted
+	inboundGone chan struct{}   // closed when a deleted queue's last inbound publish arrived (see DeleteQueue)
 
 	// The workers' counters below get a cache line of their own, away from
 	// the fields publishers write under mu.
@@ -74,22 +84,25 @@ type queue struct {
 	hist  histogram
 }
 
+// retiredCounts is what the workers that left a queue (their subscription
+// was cancelled, or the MQ stopped) delivered and saw succeed.
+type retiredCounts struct {
+	delivered, succeeded uint64
+}
+
 type queueCounters struct {
 	failed, retried                   atomic.Uint64
 	deadLettered, expired, overflowed atomic.Uint64
 	rejected, dropped, undelivered    atomic.Uint64
+	purged, removed                   atomic.Uint64
 }
 
-func newQueue(id int, name string, c consumer, concurrency int, cfg queueConfig, mq *MQ) *queue {
-	q := &queue{id: id, name: name, consumer: c, concurrency: concurrency, mq: mq, cfg: cfg}
+func newQueue(id int, name string, cfg queueConfig, mq *MQ) *queue {
+	q := &queue{id: id, name: name, mq: mq, cfg: cfg, usedAt: time.Now().UnixNano()}
 	if q.cfg.retry.MaxAttempts == 0 {
 		q.cfg.retry.MaxAttempts = 1
 	}
 	q.cond.L = &q.mu
-	q.workers = make([]*worker, concurrency)
-	for i := range q.workers {
-		q.workers[i] = &worker{q: q}
-	}
 	return q
 }
 
@@ -180,6 +193,7 @@ func (q *queue) unreserve(inbound bool) {
 	}
 	if inbound {
 		q.inbound--
+		q.inboundArrivedLocked()
 		q.reportIfQuiescentLocked()
 	}
 	q.mu.Unlock()
@@ -187,12 +201,15 @@ func (q *queue) unreserve(inbound bool) {
 
 // acceptReserved enqueues e into the room reserve held (see enqueueLocked
 // for now, delay, ttl and the evicted message), ending the hold of
-// holdInbound when inbound. It fails only when the queue was aborted since.
-// An inbound message is past the point of no return then (its record may be
-// on disk, and other queues may have taken it), so the aborted queue counts
-// it as accepted and undelivered, as the abort counted what it held, and
-// returns errAbortedUndelivered; a durable one is delivered after a restart.
-func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration, inbound bool) (evicted *Msg, err error) {
+// holdInbound when inbound, and returns q.gen for a delayed e's scheduler
+// item. It fails only when the queue was aborted or deleted since. An
+// inbound message is past the point of no return then (its record may be on
+// disk, and other queues may have taken it), so an aborted queue counts it
+// as accepted and undelivered, as the abort counted what it held, and
+// returns errAbortedUndelivered (a durable one is delivered after a
+// restart); a deleted queue counts it as accepted and removed, as the
+// delete counted what it held, and returns errRemovedOnArrival.
+func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration, inbound bool) (evicted *Msg, gen uint32, err error) {
 	q.mu.Lock()
 	if q.cfg.maxLen > 0 {
 		q.reserved--
@@ -201,21 +218,38 @@ func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration,
 		q.inbound--
 	}
 	if q.closed {
-		if inbound && q.aborted {
+		switch {
+		case inbound && q.gone:
+			q.accepted++
+			q.c.removed.Add(1)
+			q.inboundArrivedLocked()
+			err = errRemovedOnArrival
+		case inbound && q.aborted:
 			q.accepted++
 			q.abortLost++
 			q.c.undelivered.Add(1)
-			q.mu.Unlock()
-			return nil, errAbortedUndelivered
+			err = errAbortedUndelivered
+		default:
+			err = ErrStopped
 		}
 		q.mu.Unlock()
-		return nil, ErrStopped
+		return nil, 0, err
 	}
 	evicted, wake := q.enqueueLocked(e, now, delay, ttl)
 	expiry := q.armExpiryLocked()
+	gen = q.gen
 	q.mu.Unlock()
 	q.wakeAfter(wake, expiry)
-	return evicted, nil
+	return evicted, gen, nil
+}
+
+// inboundArrivedLocked tells a DeleteQueue waiting for the inbound
+// publishes of its deleted queue that the last one arrived. q.mu is held.
+func (q *queue) inboundArrivedLocked() {
+	if q.inbound == 0 && q.inboundGone != nil {
+		close(q.inboundGone)
+		q.inboundGone = nil
+	}
 }
 
 // wakeAfter does what an enqueue asked for once q.mu is released: wake a
@@ -225,7 +259,7 @@ func (q *queue) wakeAfter(wake bool, expiry int64) {
 		q.cond.Signal()
 	}
 	if expiry != 0 {
-		q.mq.sched.add(time.Unix(0, expiry), q, nil)
+		q.mq.sched.add(schedItem{due: time.Unix(0, expiry), q: q})
 	}
 }
 
@@ -379,8 +413,44 @@ func (q *queue) reportIfQuiescentLocked() {
 	}
 }
 
+// quiescentLocked reports whether the queue has nothing left to do: no
+// worker holds a batch and no publish is inbound, and no message waits,
+// unless no consumer can take it (the queue has none, or is paused): what
+// waits then stays, as it would in a broker (see MQ.drain). q.mu is held.
 func (q *queue) quiescentLocked() bool {
-	return q.buf.n == 0 && q.scheduled == 0 && q.busy == 0 && q.inbound == 0
+	if q.busy > 0 || q.inbound > 0 {
+		return false
+	}
+	return q.parkedLocked() || (q.buf.n == 0 && q.scheduled == 0)
+}
+
+// parkedLocked reports whether no consumer takes the queue's messages: it
+// has none, or it is paused. q.mu is held.
+func (q *queue) parkedLocked() bool {
+	return q.paused || len(q.subs) == 0
+}
+
+// strand counts what waits in the queue as undelivered, when no consumer
+// takes it (see parkedLocked), and returns how many: the MQ is stopping and
+// quiescent, and a durable queue keeps them in the log. It pops them, so
+// that an abort does not count them again.
+func (q *queue) strand() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.aborted || !q.parkedLocked() {
+		return 0
+	}
+	n := q.buf.n + q.scheduled
+	for q.buf.n > 0 {
+		q.popLocked()
+	}
+	if q.scheduled > 0 {
+		q.begun.Add(uint64(q.scheduled))
+		q.scheduled = 0
+		q.gen++ // the scheduler's items are gone: see release
+	}
+	q.c.undelivered.Add(uint64(n))
+	return n
 }
 
 // holdInbound counts a publish that q admitted and that now leaves the MQ's
@@ -393,10 +463,12 @@ func (q *queue) holdInbound() {
 	q.mu.Unlock()
 }
 
-// release moves a message that the scheduler found due into buf.
-func (q *queue) release(m *Msg) {
+// release moves a message that the scheduler found due into buf, unless a
+// purge or a delete since (gen) or an abort took it: they counted it and
+// zeroed scheduled.
+func (q *queue) release(m *Msg, gen uint32) {
 	q.mu.Lock()
-	if q.aborted { // abort counted it as undelivered and zeroed scheduled
+	if q.aborted || q.gone || gen != q.gen {
 		q.mu.Unlock()
 		return
 	}
@@ -411,26 +483,28 @@ func (q *queue) release(m *Msg) {
 // schedule counts a retry of m, due after backoff, in the queue and hands it
 // to the scheduler. A queue at its length limit makes room as a publish
 // would: DropHead evicts its oldest ready message; otherwise the retry itself
-// cannot wait and is returned as overflow. After abort it is undelivered.
-func (q *queue) schedule(m *Msg, backoff time.Duration) (evicted, overflow *Msg, aborted bool) {
+// cannot wait and is returned as overflow. After abort it is undelivered;
+// after a delete (gone), removed.
+func (q *queue) schedule(m *Msg, backoff time.Duration) (evicted, overflow *Msg, aborted, gone bool) {
 	q.mu.Lock()
-	if q.aborted {
+	if q.aborted || q.gone {
 		q.mu.Unlock()
-		return nil, nil, true
+		return nil, nil, q.aborted, q.gone
 	}
 	if q.fullLocked() {
 		if q.cfg.overflow != DropHead || q.buf.n == 0 {
 			q.mu.Unlock()
-			return nil, m, false
+			return nil, m, false, false
 		}
 		h := q.popLocked()
 		evicted = h.msg(q.name)
 	}
 	q.scheduled++
 	q.entered++
+	gen := q.gen
 	q.mu.Unlock()
-	q.mq.sched.add(time.Now().Add(backoff), q, m)
-	return evicted, nil, false
+	q.mq.sched.add(schedItem{due: time.Now().Add(backoff), q: q, m: m, gen: gen})
+	return evicted, nil, false, false
 }
 
 // stop marks the queue as stopping and wakes the publishers waiting for room,
@@ -479,11 +553,12 @@ func (q *queue) abort() (undelivered, running uint64) {
 	undelivered = q.entered - begun
 	q.abortLost = undelivered
 	inbound := uint64(q.inbound) // acceptReserved counts them when they come
+	running = q.inFlightLocked()
 	q.mu.Unlock()
 	q.cond.Broadcast()
-	q.mq.sched.dropQueue(q)
+	q.mq.sched.dropQueue(q, false)
 	q.c.undelivered.Add(undelivered)
-	return undelivered + inbound, q.inFlight()
+	return undelivered + inbound, running
 }
 
 // inFlight is how many messages are in the consumer now.
@@ -492,25 +567,33 @@ func (q *queue) abort() (undelivered, running uint64) {
 // delivered before, so what moves during the reads can make the result
 // smaller than the truth, never larger than the workers.
 func (q *queue) inFlight() uint64 {
-	d := q.delivered()
-	if done := q.succeeded() + q.c.failed.Load(); d > done {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.inFlightLocked()
+}
+
+// inFlightLocked is inFlight with q.mu held.
+func (q *queue) inFlightLocked() uint64 {
+	d := q.deliveredLocked()
+	if done := q.succeededLocked() + q.c.failed.Load(); d > done {
 		return d - done
 	}
 	return 0
 }
 
-// delivered is how many messages the workers handed to the consumer.
-func (q *queue) delivered() uint64 {
-	var n uint64
+// deliveredLocked is how many messages the workers handed to the consumer.
+// q.mu is held.
+func (q *queue) deliveredLocked() uint64 {
+	n := q.left.delivered
 	for _, w := range q.workers {
 		n += w.delivered.Load()
 	}
 	return n
 }
 
-// succeeded is how many deliveries succeeded.
-func (q *queue) succeeded() uint64 {
-	var n uint64
+// succeededLocked is how many deliveries succeeded. q.mu is held.
+func (q *queue) succeededLocked() uint64 {
+	n := q.left.succeeded
 	for _, w := range q.workers {
 		n += w.succeeded.Load()
 	}
@@ -523,9 +606,13 @@ func (q *queue) begin() bool {
 	return q.begun.Add(1)&abortBit == 0
 }
 
-// errAbortedUndelivered is acceptReserved's answer for an inbound message
-// that an aborted queue counted as undelivered.
-var errAbortedUndelivered = errors.New("accepted by an aborted queue: undelivered")
+// errAbortedUndelivered and errRemovedOnArrival are acceptReserved's
+// answers for an inbound message that an aborted queue counted as
+// undelivered, or a deleted one as removed.
+var (
+	errAbortedUndelivered = errors.New("accepted by an aborted queue: undelivered")
+	errRemovedOnArrival   = errors.New("accepted by a deleted queue: removed")
+)
 
 // restore takes the entries of messages recovered from the log, each with
 // the time it is due (a delay or a retry backoff), in their order, into the

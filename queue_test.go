@@ -93,7 +93,7 @@ func TestQueueGivesMemoryBackAfterDraining(t *testing.T) {
 }
 
 func TestBatchIsAFairShare(t *testing.T) {
-	q := newQueue(0, "q", consumer{}, 4, queueConfig{}, New())
+	q := testQueue(4)
 	for i := range 400 {
 		q.buf.push(entry{m: &Msg{ID: uint64(i)}})
 	}
@@ -114,7 +114,7 @@ func TestBatchIsAFairShare(t *testing.T) {
 }
 
 func TestBatchStopsBeforeAMessageWithADeadline(t *testing.T) {
-	q := newQueue(0, "q", consumer{}, 1, queueConfig{}, New())
+	q := testQueue(1)
 	for i := range 10 {
 		m := &Msg{ID: uint64(i)}
 		if i == 3 || i == 4 {
@@ -133,7 +133,7 @@ func TestBatchStopsBeforeAMessageWithADeadline(t *testing.T) {
 }
 
 func TestIdleWorkerStealsFromABatch(t *testing.T) {
-	q := newQueue(0, "q", consumer{}, 2, queueConfig{}, New())
+	q := testQueue(2)
 	for i := range 8 {
 		q.buf.push(entry{m: &Msg{ID: uint64(i)}})
 	}
@@ -197,4 +197,12 @@ func TestPublishAllocationsDoNotGrowWithQueues(t *testing.T) {
 	assert.Equal(t, 2.0, allocs(16, keyed...), "a keyed publish to 16 queues")
 	assert.Equal(t, 2.0, allocs(64, keyed...), "a keyed publish to 64 queues")
 	assert.Equal(t, 0.0, allocs(64), "a plain fanout publish to 64 queues")
+}
+
+// testQueue is a queue with one subscription of n workers, never started.
+func testQueue(n int) *queue {
+	m := New()
+	q := newQueue(0, "q", queueConfig{}, m)
+	m.subscribeLocked(q, consumer{}, n)
+	return q
 }

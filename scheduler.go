@@ -23,7 +23,11 @@ type scheduler struct {
 type schedItem struct {
 	due time.Time
 	q   *queue
-	m   *Msg // nil: check q's head for expiry
+	m   *Msg // nil: check q's head for expiry, or (expire) q itself
+	// gen is q.gen when m was counted in q.scheduled: a purge or a delete
+	// since took it (see queue.release).
+	gen    uint32
+	expire bool // check whether q has been unused for its WithQueueExpiry
 }
 
 type schedHeap []schedItem
@@ -44,12 +48,13 @@ func newScheduler() *scheduler {
 	return &scheduler{wake: make(chan struct{}, 1)}
 }
 
-// add schedules m to move into q at due, or, with a nil m, q's head to be
-// checked for expiry at due. The caller has counted m in q.scheduled.
-func (s *scheduler) add(due time.Time, q *queue, m *Msg) {
+// add schedules it: its message to move into its queue at its due time
+// (the caller has counted it in q.scheduled), or, with no message, the
+// queue's head to be checked for expiry, or the queue itself (expire).
+func (s *scheduler) add(it schedItem) {
 	s.mu.Lock()
-	first := len(s.items) == 0 || due.Before(s.items[0].due)
-	heap.Push(&s.items, schedItem{due: due, q: q, m: m})
+	first := len(s.items) == 0 || it.due.Before(s.items[0].due)
+	heap.Push(&s.items, it)
 	s.mu.Unlock()
 	if first {
 		select {
@@ -59,19 +64,25 @@ func (s *scheduler) add(due time.Time, q *queue, m *Msg) {
 	}
 }
 
-// dropQueue forgets every item of q, which Shutdown's deadline aborted.
-func (s *scheduler) dropQueue(q *queue) {
+// dropQueue forgets every item of q, which Shutdown's deadline aborted or
+// a delete removed, or (msgs) only its messages, which a purge removed.
+//
+// It returns the items it dropped.
+func (s *scheduler) dropQueue(q *queue, msgs bool) (dropped []schedItem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	kept := s.items[:0]
 	for _, it := range s.items {
-		if it.q != q {
+		if it.q != q || (msgs && it.m == nil) {
 			kept = append(kept, it)
+		} else {
+			dropped = append(dropped, it)
 		}
 	}
 	clear(s.items[len(kept):])
 	s.items = kept
 	heap.Init(&s.items)
+	return dropped
 }
 
 // run releases due messages until quit is closed.
@@ -96,10 +107,13 @@ func (s *scheduler) run(quit <-chan struct{}, wg *sync.WaitGroup, own *guard.Own
 		}
 		s.mu.Unlock()
 		for i, it := range due {
-			if it.m == nil {
+			switch {
+			case it.expire:
+				it.q.mq.expireQueue(it.q)
+			case it.m == nil:
 				it.q.expireHead()
-			} else {
-				it.q.release(it.m)
+			default:
+				it.q.release(it.m, it.gen)
 			}
 			due[i] = schedItem{}
 		}

@@ -10,6 +10,13 @@ import (
 type Stats struct {
 	Exchanges map[string]ExchangeStats
 	Queues    map[string]QueueStats
+	// Deleted adds up the counts of every queue deleted so far
+	// ([MQ.DeleteQueue], [WithQueueExpiry]), including what their
+	// deliveries in flight did after the delete; its ConsumerTime is zero.
+	Deleted QueueStats
+	// DeletedQueues counts those queues, and ExpiredQueues those of them
+	// that expired.
+	DeletedQueues, ExpiredQueues uint64
 }
 
 // ExchangeStats counts what was published to one exchange.
@@ -24,7 +31,8 @@ type ExchangeStats struct {
 }
 
 // QueueStats counts what happened in one queue. Every accepted message ends
-// in exactly one of Succeeded, DeadLettered, Dropped or Undelivered; until then
+// in exactly one of Succeeded, DeadLettered, Dropped, Undelivered, Purged or
+// Removed; until then
 // it is counted in Depth or InFlight. Counters only grow. The fields are read
 // one at a time while messages move (the workers count without a lock), so
 // while a queue is busy these sums may be off by the few messages that moved
@@ -66,8 +74,23 @@ type QueueStats struct {
 	// could not route them. Each was logged.
 	Dropped uint64
 	// Undelivered counts messages that a Shutdown deadline, or a Stop before
-	// Start, kept from a consumer. They were logged.
+	// Start, kept from a consumer, and those that Stop left in a queue with
+	// no consumer or a paused one. They were logged (a durable queue's stay
+	// in the log for the next start).
 	Undelivered uint64
+	// Purged counts the messages that [MQ.PurgeQueue] removed. They were
+	// logged.
+	Purged uint64
+	// Removed counts, in [Stats].Deleted, the messages that the deletes of
+	// their queues removed ([MQ.DeleteQueue], [WithQueueExpiry]): waiting
+	// ones, and those whose delivery failed after the delete. They were
+	// logged. It is 0 for a queue that exists.
+	Removed uint64
+
+	// Consumers is how many consumers the queue has (see
+	// [QueueInfo].Consumers), and Paused whether [MQ.PauseQueue] paused it.
+	Consumers int
+	Paused    bool
 
 	// Durable says that the queue keeps its messages in the write-ahead log
 	// ([WithDurable]).
@@ -116,6 +139,8 @@ func (m *MQ) Stats() Stats {
 	for _, q := range m.order {
 		s.Queues[q.name] = q.stats()
 	}
+	s.Deleted = m.deletedStats(false)
+	s.DeletedQueues, s.ExpiredQueues = m.deletedQueues, m.expiredQueues
 	if m.dur != nil {
 		for name, n := range m.dur.unregistered() {
 			if qs, ok := s.Queues[name]; ok {
@@ -131,19 +156,74 @@ func (m *MQ) Stats() Stats {
 
 func (q *queue) stats() QueueStats {
 	q.mu.Lock()
-	qs := QueueStats{Ready: q.buf.n + q.batchedLocked(), Scheduled: q.scheduled, Accepted: q.accepted}
+	qs := QueueStats{Ready: q.buf.n + q.batchedLocked(), Scheduled: q.scheduled, Accepted: q.accepted,
+		Consumers: len(q.subs), Paused: q.paused}
+	qs.InFlight = int(q.inFlightLocked())
+	c := &q.c
+	// What ended is read before what began, so that no snapshot shows more
+	// ended than delivered.
+	qs.Succeeded, qs.Failed = q.succeededLocked(), c.failed.Load()
+	qs.Delivered = q.deliveredLocked()
 	q.mu.Unlock()
 	qs.Depth = qs.Ready + qs.Scheduled
 	qs.Durable = q.cfg.durable
-	qs.InFlight = int(q.inFlight())
-	c := &q.c
-	qs.Succeeded, qs.Failed = q.succeeded(), c.failed.Load()
-	qs.Delivered = q.delivered()
 	qs.Retried, qs.DeadLettered, qs.Expired = c.retried.Load(), c.deadLettered.Load(), c.expired.Load()
 	qs.Overflowed, qs.Rejected, qs.Dropped = c.overflowed.Load(), c.rejected.Load(), c.dropped.Load()
 	qs.Undelivered = c.undelivered.Load()
+	qs.Purged, qs.Removed = c.purged.Load(), c.removed.Load()
 	qs.ConsumerTime = q.hist.snapshot()
 	return qs
+}
+
+// add adds o's counts to s: the sum of deleted queues. Their times are not
+// added up.
+func (s *QueueStats) add(o QueueStats) {
+	s.Depth += o.Depth
+	s.Ready += o.Ready
+	s.Scheduled += o.Scheduled
+	s.InFlight += o.InFlight
+	s.Accepted += o.Accepted
+	s.Delivered += o.Delivered
+	s.Succeeded += o.Succeeded
+	s.Failed += o.Failed
+	s.Retried += o.Retried
+	s.DeadLettered += o.DeadLettered
+	s.Expired += o.Expired
+	s.Overflowed += o.Overflowed
+	s.Rejected += o.Rejected
+	s.Dropped += o.Dropped
+	s.Undelivered += o.Undelivered
+	s.Purged += o.Purged
+	s.Removed += o.Removed
+}
+
+// deletedStats returns the counts of every deleted queue, added up, and
+// folds into m.deletedSum those of the queues that have settled (no worker
+// and no inbound publish left), which are then forgotten. The caller holds
+// the write lock, or the read lock with fold false.
+func (m *MQ) deletedStats(fold bool) QueueStats {
+	sum := m.deletedSum
+	kept := m.deleted[:0]
+	for _, q := range m.deleted {
+		qs := q.stats()
+		sum.add(qs)
+		if !fold {
+			continue
+		}
+		q.mu.Lock()
+		settled := len(q.workers) == 0 && q.inbound == 0
+		q.mu.Unlock()
+		if settled {
+			m.deletedSum.add(qs)
+		} else {
+			kept = append(kept, q)
+		}
+	}
+	if fold {
+		clear(m.deleted[len(kept):])
+		m.deleted = kept
+	}
+	return sum
 }
 
 // histogram is a queue's consumer-time histogram: the one every engine

@@ -77,6 +77,54 @@ func (t *topicTrie) add(key string, q *queue) bool {
 	return true
 }
 
+// remove unbinds q from key (as add collapses it), pruning the nodes that no
+// binding needs any more.
+func (t *topicTrie) remove(key string, q *queue) {
+	var words []string
+	if key != "" {
+		prevHash := false
+		for rest, more := key, true; more; {
+			var w string
+			w, rest, more = nextWord(rest)
+			if w == "#" && prevHash {
+				continue
+			}
+			prevHash = w == "#"
+			words = append(words, w)
+		}
+	}
+	t.root.remove(words, q)
+}
+
+// remove unbinds q from the key of words below n, and reports whether n is
+// left empty.
+func (n *topicNode) remove(words []string, q *queue) bool {
+	if len(words) == 0 {
+		for i, b := range n.queues {
+			if b == q {
+				n.queues = append(n.queues[:i:i], n.queues[i+1:]...)
+				break
+			}
+		}
+	} else {
+		switch w := words[0]; w {
+		case "#":
+			if n.hash != nil && n.hash.remove(words[1:], q) {
+				n.hash = nil
+			}
+		case "*":
+			if n.star != nil && n.star.remove(words[1:], q) {
+				n.star = nil
+			}
+		default:
+			if c := n.children[w]; c != nil && c.remove(words[1:], q) {
+				delete(n.children, w)
+			}
+		}
+	}
+	return len(n.queues) == 0 && len(n.children) == 0 && n.star == nil && n.hash == nil
+}
+
 // match appends to dst every queue bound with a key that matches key; a queue
 // bound with several matching keys may be appended more than once.
 //

@@ -40,6 +40,17 @@ type QueueInfo struct {
 	DeadLetterKey      string
 	// Filtered says whether the queue has a [WithFilter].
 	Filtered bool
+	// Durable says whether the queue keeps its messages in the log
+	// ([WithDurable]).
+	Durable bool
+	// Expiry is [WithQueueExpiry], or 0.
+	Expiry time.Duration
+	// Consumers is how many consumers the queue has: its RegisterQueue's,
+	// and each [MQ.Consume] not cancelled. Concurrency is their workers, in
+	// all.
+	Consumers int
+	// Paused says whether [MQ.PauseQueue] paused the queue.
+	Paused bool
 }
 
 // BindingInfo is the name [Topology] gave a binding before it shared
@@ -52,7 +63,8 @@ type BindingInfo = BindingSpec
 func queueInfo(name string, concurrency int, cfg queueConfig) QueueInfo {
 	return QueueInfo{Name: name, Concurrency: concurrency, MaxAttempts: max(cfg.retry.MaxAttempts, 1),
 		MessageTTL: cfg.ttl, MaxLen: cfg.maxLen, Overflow: cfg.overflow,
-		DeadLetterExchange: cfg.dlx, DeadLetterKey: cfg.dlxKey, Filtered: cfg.filter != nil}
+		DeadLetterExchange: cfg.dlx, DeadLetterKey: cfg.dlxKey, Filtered: cfg.filter != nil,
+		Durable: cfg.durable, Expiry: cfg.expiry}
 }
 
 // Topology returns the MQ's exchanges, queues and bindings. It does not block
@@ -68,7 +80,11 @@ func (m *MQ) Topology() Topology {
 	}
 	slices.SortFunc(t.Exchanges, func(a, b ExchangeInfo) int { return strings.Compare(a.Name, b.Name) })
 	for _, q := range m.order {
-		t.Queues = append(t.Queues, queueInfo(q.name, q.concurrency, q.cfg))
+		q.mu.Lock()
+		qi := queueInfo(q.name, q.active, q.cfg)
+		qi.Consumers, qi.Paused = len(q.subs), q.paused
+		q.mu.Unlock()
+		t.Queues = append(t.Queues, qi)
 	}
 	return t
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,7 +52,7 @@ func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
 // the message by value, and a Msg is made only if it fails.
 func (q *queue) deliver(ctx context.Context, w *worker, e *entry) {
 	var m *Msg
-	if q.consumer.direct == nil || !e.m.shared {
+	if w.c.direct == nil || !e.m.shared {
 		m = e.msg(q.name)
 		if x := m.expires(); x != 0 && time.Now().UnixNano() >= x {
 			q.c.expired.Add(1)
@@ -70,7 +71,7 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry) {
 	if timed {
 		start = time.Now()
 	}
-	err := q.process(ctx, e, m)
+	err := q.process(ctx, w.c, e, m)
 	if timed {
 		q.hist.observe(time.Since(start))
 	}
@@ -102,7 +103,7 @@ func (e *entry) firstMsg(queue string) *Msg {
 // typed nil error into [ErrTypedNil]. If the consumer calls runtime.Goexit,
 // process settles the message itself with [ErrGoexit], as the goroutine will
 // not return to do it.
-func (q *queue) process(ctx context.Context, e *entry, m *Msg) (err error) {
+func (q *queue) process(ctx context.Context, c consumer, e *entry, m *Msg) (err error) {
 	returned := false
 	defer func() {
 		if returned {
@@ -119,11 +120,11 @@ func (q *queue) process(ctx context.Context, e *entry, m *Msg) (err error) {
 	}()
 	switch {
 	case m == nil:
-		err = q.consumer.direct(ctx, e.delivery(q.name))
-	case q.consumer.direct != nil:
-		err = q.consumer.direct(ctx, m.delivery())
+		err = c.direct(ctx, e.delivery(q.name))
+	case c.direct != nil:
+		err = c.direct(ctx, m.delivery())
 	default:
-		err = q.consumer.fn(ctx, m)
+		err = c.fn(ctx, m)
 	}
 	if err != nil {
 		err = freezer.Freeze(err) // still guarded: its methods may call Goexit too
@@ -147,6 +148,9 @@ func (q *queue) settle(m *Msg, err error) {
 	if q.leftOnDisk(m, err) {
 		return
 	}
+	if q.removedInFlight(m, err) {
+		return
+	}
 	if m.Attempt < q.cfg.retry.MaxAttempts && !guard.Is(err, ErrPermanent) {
 		q.retryLater(m, err)
 		return
@@ -164,8 +168,11 @@ func (q *queue) retryLater(m *Msg, err error) {
 		q.mq.dur.saveState(q.name, k, queueState{attempt: m.Attempt,
 			dueAt: deadline(time.Now(), backoff), lastErr: guard.ErrorText(err)})
 	}
-	evicted, overflow, aborted := q.schedule(next, backoff)
+	evicted, overflow, aborted, gone := q.schedule(next, backoff)
 	switch {
+	case gone:
+		q.removeInFlight(m, err)
+		return
 	case aborted:
 		q.c.undelivered.Add(1)
 		q.logFailure(m, err, slog.LevelError, "tinymq: delivery failed, no retry after the shutdown deadline")
@@ -206,11 +213,18 @@ func (q *queue) logFailure(m *Msg, err error, level slog.Level, msg string, extr
 // runtime.Goexit, another takes over the same slot.
 type worker struct {
 	q     *queue
+	sub   *Subscription
+	c     consumer // sub's
 	batch [maxBatch]entry
 	n     int          // entries in batch; written by the owner under q.mu
 	next  atomic.Int32 // next unclaimed index: owner claims without q.mu, thieves under it
 	held  bool         // the owner counts in q.busy
 	calls int          // consumer calls, for sampling their duration
+	// seq and off place the batch in the order of buf: it is the take of
+	// number seq, from its entry off on (a thief's part of another's batch),
+	// so that entries given back (see queue.giveBackLocked) return in order.
+	seq uint64
+	off int
 
 	// What this worker handed to the consumer, and what succeeded: counted
 	// here rather than in q.c so that the workers of one queue do not fight
@@ -244,27 +258,35 @@ func (q *queue) take(w *worker) (entry, bool) {
 		q.reportIfQuiescentLocked()
 	}
 	for {
+		if w.sub.cancelled {
+			q.leaveLocked(w)
+			q.mu.Unlock()
+			return entry{}, false
+		}
 		// A worker that leaves entries behind, in buf or in its batch, wakes
 		// another to take them, or to steal them should this one's message
 		// block: a parked worker never leaves a message waiting.
-		if q.buf.n > 0 {
-			e := q.refillLocked(w)
-			q.freeRoomLocked()
-			wake := q.wakeIfWaitingLocked()
-			expiry := q.armExpiryLocked()
-			q.mu.Unlock()
-			q.wakeAfter(wake, expiry)
-			return e, true
-		}
-		if e, ok := q.stealLocked(w); ok {
-			w.held = true
-			q.busy++
-			wake := q.wakeIfWaitingLocked()
-			q.mu.Unlock()
-			q.wakeAfter(wake, 0)
-			return e, true
+		if !q.paused {
+			if q.buf.n > 0 {
+				e := q.refillLocked(w)
+				q.freeRoomLocked()
+				wake := q.wakeIfWaitingLocked()
+				expiry := q.armExpiryLocked()
+				q.mu.Unlock()
+				q.wakeAfter(wake, expiry)
+				return e, true
+			}
+			if e, ok := q.stealLocked(w); ok {
+				w.held = true
+				q.busy++
+				wake := q.wakeIfWaitingLocked()
+				q.mu.Unlock()
+				q.wakeAfter(wake, 0)
+				return e, true
+			}
 		}
 		if q.closed {
+			q.leaveLocked(w)
 			q.mu.Unlock()
 			return entry{}, false
 		}
@@ -276,6 +298,23 @@ func (q *queue) take(w *worker) (entry, bool) {
 	}
 }
 
+// leaveLocked retires worker w, whose goroutine ends: its counts join the
+// queue's, and the last worker of a subscription to leave ends it. q.mu is
+// held.
+func (q *queue) leaveLocked(w *worker) {
+	i := slices.Index(q.workers, w)
+	if i < 0 {
+		return
+	}
+	q.left.delivered += w.delivered.Load()
+	q.left.succeeded += w.succeeded.Load()
+	q.workers = slices.Delete(slices.Clone(q.workers), i, i+1)
+	s := w.sub
+	if s.alive--; s.alive == 0 {
+		close(s.done)
+	}
+}
+
 // refillLocked fills w's batch with a fair share of buf and claims its first
 // entry. A batch ends before a message with a deadline, unless that message
 // comes first, so that no message can expire while it sits in a batch;
@@ -284,7 +323,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 func (q *queue) refillLocked(w *worker) entry {
 	k := 1
 	if q.cfg.ttl == 0 && q.cfg.maxLen == 0 {
-		k = min(max(q.buf.n/q.concurrency, 1), maxBatch)
+		k = min(max(q.buf.n/max(q.active, 1), 1), maxBatch)
 	}
 	n := 0
 	for n < k && q.buf.n > 0 {
@@ -297,6 +336,8 @@ func (q *queue) refillLocked(w *worker) entry {
 	}
 	w.n = n
 	w.next.Store(1)
+	q.takes++
+	w.seq, w.off = q.takes, 0
 	w.held = true
 	q.busy++
 	e := w.batch[0]
@@ -341,6 +382,7 @@ func (q *queue) stealLocked(w *worker) (entry, bool) {
 	clear(victim.batch[start:end])
 	w.n = n
 	w.next.Store(1)
+	w.seq, w.off = victim.seq, victim.off+start
 	e := w.batch[0]
 	w.batch[0] = entry{}
 	return e, true
@@ -363,4 +405,47 @@ func (w *worker) drop() {
 			return
 		}
 	}
+}
+
+// givenBack is an entry taken back from a worker's batch, with its place in
+// the order of buf.
+type givenBack struct {
+	seq uint64
+	pos int
+	e   entry
+}
+
+// giveBackLocked takes back the entries that the workers ws took in batches
+// and have not begun, as a thief would (their owners then find nothing more
+// to claim), and puts them back at the head of buf in their order: a
+// cancelled subscription's, or a paused queue's. It returns how many. q.mu is
+// held.
+func (q *queue) giveBackLocked(ws []*worker) int {
+	var back []givenBack
+	for _, w := range ws {
+		left := w.n - int(w.next.Load())
+		if left <= 0 {
+			continue
+		}
+		end := int(w.next.Add(int32(left)))
+		start := end - left
+		end = min(end, w.n)
+		for i := start; i < end; i++ {
+			back = append(back, givenBack{seq: w.seq, pos: w.off + i, e: w.batch[i]})
+		}
+		clear(w.batch[start:max(start, end)])
+	}
+	slices.SortFunc(back, func(a, b givenBack) int {
+		if a.seq != b.seq {
+			if a.seq < b.seq {
+				return -1
+			}
+			return 1
+		}
+		return a.pos - b.pos
+	})
+	for i := len(back) - 1; i >= 0; i-- {
+		q.buf.pushFront(back[i].e)
+	}
+	return len(back)
 }

@@ -471,7 +471,16 @@ func (*panicky) DeclareQueue(tinymq.QueueSpec) error              { return nil }
 func (*panicky) Bind(tinymq.BindingSpec) error                    { return nil }
 func (*panicky) Publish(context.Context, tinymq.Publishing) error { return nil }
 func (*panicky) Start(context.Context) error                      { return nil }
-func (*panicky) Shutdown(context.Context) error                   { return nil }
+func (*panicky) Unbind(tinymq.BindingSpec) error                  { return nil }
+func (*panicky) Consume(string, tinymq.ConsumerFunc, int) (tinymq.EngineSubscription, error) {
+	return nil, tinymq.ErrUnsupported
+}
+func (*panicky) DeleteQueue(string, bool, bool) (int, error) { return 0, tinymq.ErrUnsupported }
+func (*panicky) PurgeQueue(string) (int, error)              { return 0, tinymq.ErrUnsupported }
+func (*panicky) DeleteExchange(string, bool) error           { return tinymq.ErrUnsupported }
+func (*panicky) PauseQueue(string) error                     { return tinymq.ErrUnsupported }
+func (*panicky) ResumeQueue(string) error                    { return tinymq.ErrUnsupported }
+func (*panicky) Shutdown(context.Context) error              { return nil }
 func (e *panicky) Stats() tinymq.Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
