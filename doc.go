@@ -63,10 +63,27 @@
 // # Lifecycle
 //
 // [MQ.Start] starts the workers; messages published before it wait for it.
-// [MQ.Stop] stops accepting, delivers everything already accepted and waits
-// for every worker. [MQ.Shutdown] does the same within a deadline, and reports
+// [MQ.Stop] stops accepting, delivers everything already accepted that a
+// consumer takes and waits for every worker (what waits in a queue with no
+// consumer, or a paused one, stays there: reported as undelivered, and kept
+// in the log for a durable queue). [MQ.Shutdown] does the same within a deadline, and reports
 // how many messages it could not deliver when the deadline passes. Cancelling
 // the context given to Start stops the MQ as Stop does.
+//
+// # Topology at run time
+//
+// A queue need not come with its consumer. [MQ.DeclareQueue] declares a queue
+// whose messages wait (a device's queue while it is offline, a parking queue
+// for dead letters); [MQ.Consume] attaches consumers to it, several
+// competing, and [Subscription.Cancel] detaches them, giving back what they
+// had taken and not begun. [MQ.PauseQueue] and [MQ.ResumeQueue] hold and
+// release deliveries; [MQ.PurgeQueue], [MQ.DeleteQueue], [MQ.Unbind] and
+// [MQ.DeleteExchange] remove messages, queues, bindings and exchanges, and
+// [WithQueueExpiry] deletes a queue left unused, as RabbitMQ's x-expires
+// does. Each matches a RabbitMQ operation, and a publish racing any of them
+// is still all or nothing. What they remove is counted in [MQ.Stats], and a
+// durable queue's deletes and purges are records in the log, so that they
+// hold after a crash.
 //
 // # Durability
 //
@@ -86,8 +103,8 @@
 // # Observing
 //
 // [MQ.Stats] counts what happened in every exchange and queue (every accepted
-// message ends in exactly one of Succeeded, DeadLettered, Dropped or
-// Undelivered), [MQ.Topology] lists exchanges, queues and bindings, and
+// message ends in exactly one of Succeeded, DeadLettered, Dropped,
+// Undelivered, Purged or, once its queue is deleted, Removed), [MQ.Topology] lists exchanges, queues and bindings, and
 // [MQ.RecentDeadLetters] keeps the latest dead letters. The package
 // tinymq/admin serves them as a page, and the nested modules prometheus and
 // otel export them; [WithLogger] receives what cannot be returned as an

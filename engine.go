@@ -110,7 +110,8 @@ type BindingSpec struct {
 	Args []map[string]any
 }
 
-// QueueSpec describes a validated [MQ.RegisterQueue] call: the queue as
+// QueueSpec describes a validated [MQ.RegisterQueue] or [MQ.DeclareQueue]
+// call (then Consumer is nil): the queue as
 // [MQ.Topology] describes it (its name, concurrency, limits, dead-letter
 // exchange: Name is the queue's name; Filtered says whether Filter is set),
 // and what an engine needs besides.

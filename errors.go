@@ -8,8 +8,9 @@ import (
 // Sentinel errors returned by TinyMQ. Errors returned by the library wrap one of
 // these with more context, so match them with [errors.Is].
 var (
-	// ErrStopped is returned by Publish, RegisterQueue, Bind and Start once Stop or
-	// Shutdown has begun.
+	// ErrStopped is returned by Publish, RegisterQueue, DeclareQueue,
+	// Consume, Bind, Unbind, DeleteQueue, PurgeQueue, DeleteExchange,
+	// PauseQueue, ResumeQueue and Start once Stop or Shutdown has begun.
 	ErrStopped = errors.New("tinymq: stopped")
 
 	// ErrAlreadyStarted is returned by a second call to Start.

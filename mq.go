@@ -27,12 +27,18 @@ type MQ struct {
 	// Concurrency map. The goroutines of an MQ, who starts each and who
 	// waits for it:
 	//
-	//   - workers: concurrency per queue, started by Start (or by
-	//     RegisterQueue once running), each running one worker slot
-	//     (worker.run); a worker whose consumer calls runtime.Goexit starts
-	//     its own replacement before it ends. All are in wg; drain waits.
+	//   - workers: concurrency per subscription (RegisterQueue's, or each
+	//     Consume), started by Start (or at once when running), each running
+	//     one worker slot (worker.run); a worker whose consumer calls
+	//     runtime.Goexit starts its own replacement before it ends. A worker
+	//     ends when its subscription is cancelled (or its queue deleted),
+	//     once its delivery in flight is settled, or when the stopping queue
+	//     is closed; the last of a subscription's closes its done, which
+	//     Cancel waits for. All are in wg; drain waits.
 	//   - the scheduler (scheduler.run): started by Start, in wg; it ends when
-	//     drain closes schedQuit.
+	//     drain closes schedQuit. It also deletes the queues whose
+	//     WithQueueExpiry passed (expireQueue): no queue has a goroutine or a
+	//     timer of its own.
 	//   - the drain (drain): started by the first Stop or Shutdown of a
 	//     running MQ; it waits for quiescence (or the abort), closes the
 	//     queues and the scheduler, waits for wg, closes the log, waits for

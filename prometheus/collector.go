@@ -64,6 +64,9 @@ type Collector struct {
 	counters              []queueCounter
 	ready, scheduled      *prometheus.Desc
 	inFlight              *prometheus.Desc
+	consumers, paused     *prometheus.Desc
+	deletedQueues         *prometheus.Desc
+	deletedRemoved        *prometheus.Desc
 	binding               *prometheus.Desc
 	consumerTime          *prometheus.Desc
 	collectErrors         *prometheus.Desc
@@ -170,14 +173,18 @@ func NewCollector(mq *tinymq.MQ, opts ...Option) (*Collector, error) {
 			Buckets:     cfg.buckets,
 			ConstLabels: cl,
 		}, []string{"queue", "result"}),
-		published:    desc("tinymq_exchange_published_total", "Messages accepted by the exchange (Publish returned nil), each once however many queues it reached.", "exchange"),
-		unroutable:   desc("tinymq_exchange_unroutable_total", "Publishes to the exchange refused because no queue would take the message.", "exchange"),
-		ready:        desc("tinymq_queue_messages_ready", "Messages waiting in the queue for a worker.", "queue"),
-		scheduled:    desc("tinymq_queue_messages_scheduled", "Messages of the queue waiting for a delay or a retry backoff to pass.", "queue"),
-		inFlight:     desc("tinymq_queue_messages_in_flight", "Messages of the queue inside its consumer now.", "queue"),
-		binding:      desc("tinymq_queue_binding_info", "1 for each exchange the queue is bound to: join on queue to label a queue's metrics with its exchanges.", "exchange", "queue"),
-		consumerTime: desc("tinymq_queue_consumer_time_seconds", "Time the queue's consumer took, sampled by TinyMQ since the queue was registered; quantiles are upper bounds within a factor of 2.", "queue"),
-		sums:         make(map[string]float64),
+		published:      desc("tinymq_exchange_published_total", "Messages accepted by the exchange (Publish returned nil), each once however many queues it reached.", "exchange"),
+		unroutable:     desc("tinymq_exchange_unroutable_total", "Publishes to the exchange refused because no queue would take the message.", "exchange"),
+		ready:          desc("tinymq_queue_messages_ready", "Messages waiting in the queue for a worker.", "queue"),
+		scheduled:      desc("tinymq_queue_messages_scheduled", "Messages of the queue waiting for a delay or a retry backoff to pass.", "queue"),
+		inFlight:       desc("tinymq_queue_messages_in_flight", "Messages of the queue inside its consumer now.", "queue"),
+		consumers:      desc("tinymq_queue_consumers", "Consumers of the queue: its RegisterQueue's and each Consume not cancelled.", "queue"),
+		paused:         desc("tinymq_queue_paused", "1 while PauseQueue has paused the queue, else 0.", "queue"),
+		deletedQueues:  desc("tinymq_queues_deleted_total", "Queues deleted, by DeleteQueue (reason deleted) or by their WithQueueExpiry (reason expired).", "reason"),
+		deletedRemoved: desc("tinymq_deleted_queues_messages_removed_total", "Messages that the deletes of their queues removed: waiting ones, and those whose delivery failed after the delete."),
+		binding:        desc("tinymq_queue_binding_info", "1 for each exchange the queue is bound to: join on queue to label a queue's metrics with its exchanges.", "exchange", "queue"),
+		consumerTime:   desc("tinymq_queue_consumer_time_seconds", "Time the queue's consumer took, sampled by TinyMQ since the queue was registered; quantiles are upper bounds within a factor of 2.", "queue"),
+		sums:           make(map[string]float64),
 	}
 	c.collectErrors = desc("tinymq_collector_errors_total", "Metrics the Collector left out of a scrape because it could not build them, and panics it recovered while collecting; the rest of each scrape was served.")
 	counter := func(name, help string, get func(*tinymq.QueueStats) uint64) {
@@ -193,7 +200,8 @@ func NewCollector(mq *tinymq.MQ, opts ...Option) (*Collector, error) {
 	counter("overflowed", "Messages evicted by a DropHead length limit.", func(s *tinymq.QueueStats) uint64 { return s.Overflowed })
 	counter("rejected", "Publishes refused because the queue was full.", func(s *tinymq.QueueStats) uint64 { return s.Rejected })
 	counter("dropped", "Dead messages with no dead-letter exchange, or one that could not route them.", func(s *tinymq.QueueStats) uint64 { return s.Dropped })
-	counter("undelivered", "Messages a Shutdown deadline, or a Stop before Start, kept from a consumer.", func(s *tinymq.QueueStats) uint64 { return s.Undelivered })
+	counter("undelivered", "Messages a Shutdown deadline, or a Stop before Start, kept from a consumer, and those Stop left in a queue no consumer takes.", func(s *tinymq.QueueStats) uint64 { return s.Undelivered })
+	counter("purged", "Messages that PurgeQueue removed from the queue.", func(s *tinymq.QueueStats) uint64 { return s.Purged })
 	return c, nil
 }
 
@@ -223,6 +231,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.ready
 	ch <- c.scheduled
 	ch <- c.inFlight
+	ch <- c.consumers
+	ch <- c.paused
+	ch <- c.deletedQueues
+	ch <- c.deletedRemoved
 	ch <- c.consumerTime
 	ch <- c.binding
 	c.hist.Describe(ch)
@@ -277,6 +289,12 @@ func (c *Collector) collectMQ(ch chan<- prometheus.Metric) {
 		send(prometheus.NewConstMetric(c.ready, prometheus.GaugeValue, float64(qs.Ready), l))
 		send(prometheus.NewConstMetric(c.scheduled, prometheus.GaugeValue, float64(qs.Scheduled), l))
 		send(prometheus.NewConstMetric(c.inFlight, prometheus.GaugeValue, float64(qs.InFlight), l))
+		send(prometheus.NewConstMetric(c.consumers, prometheus.GaugeValue, float64(qs.Consumers), l))
+		paused := 0.0
+		if qs.Paused {
+			paused = 1
+		}
+		send(prometheus.NewConstMetric(c.paused, prometheus.GaugeValue, paused, l))
 		ct := qs.ConsumerTime
 		quantiles := map[float64]float64{.5: math.NaN(), .9: math.NaN(), .99: math.NaN()}
 		if ct.Samples > 0 {
@@ -284,6 +302,9 @@ func (c *Collector) collectMQ(ch chan<- prometheus.Metric) {
 		}
 		send(prometheus.NewConstSummary(c.consumerTime, ct.Samples, c.consumerTimeSum(name, ct), quantiles, l))
 	}
+	send(prometheus.NewConstMetric(c.deletedQueues, prometheus.CounterValue, float64(st.DeletedQueues-st.ExpiredQueues), "deleted"))
+	send(prometheus.NewConstMetric(c.deletedQueues, prometheus.CounterValue, float64(st.ExpiredQueues), "expired"))
+	send(prometheus.NewConstMetric(c.deletedRemoved, prometheus.CounterValue, float64(st.Deleted.Removed)))
 	seen := make(map[[2]string]bool)
 	for _, ex := range c.mq.Topology().Exchanges {
 		for _, b := range ex.Bindings {

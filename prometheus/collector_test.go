@@ -182,7 +182,7 @@ tinymq_queue_dropped_total{queue="drophead"} 3
 tinymq_queue_dropped_total{queue="expire"} 1
 tinymq_queue_dropped_total{queue="reject"} 0
 tinymq_queue_dropped_total{queue="ship"} 0
-# HELP tinymq_queue_undelivered_total Messages a Shutdown deadline, or a Stop before Start, kept from a consumer.
+# HELP tinymq_queue_undelivered_total Messages a Shutdown deadline, or a Stop before Start, kept from a consumer, and those Stop left in a queue no consumer takes.
 # TYPE tinymq_queue_undelivered_total counter
 tinymq_queue_undelivered_total{queue="bill"} 0
 tinymq_queue_undelivered_total{queue="dead"} 0
@@ -866,4 +866,36 @@ func TestScrapesRacingInvalidNamesAndStopNeverFail(t *testing.T) {
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	assert.Zero(t, collectorErrors(mfs))
+}
+
+func TestRunTimeTopologyIsExported(t *testing.T) {
+	mq := tinymq.New()
+	require.NoError(t, mq.DeclareQueue("parked", "ev", tinymq.Fanout))
+	require.NoError(t, mq.DeclareQueue("gone", "ev", tinymq.Fanout))
+	sub, err := mq.Consume("parked", func(context.Context, *tinymq.Msg) error { return nil }, 2)
+	require.NoError(t, err)
+	require.NoError(t, mq.PauseQueue("parked"))
+	for i := range 3 {
+		require.NoError(t, mq.Publish("ev", i))
+	}
+	n, err := mq.PurgeQueue("parked")
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	n, err = mq.DeleteQueue("gone")
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	c, err := tinymqprom.NewCollector(mq)
+	require.NoError(t, err)
+
+	assert.Equal(t, map[string]float64{"parked": 1}, values(t, c, "tinymq_queue_consumers"))
+	assert.Equal(t, map[string]float64{"parked": 1}, values(t, c, "tinymq_queue_paused"))
+	assert.Equal(t, map[string]float64{"parked": 3}, values(t, c, "tinymq_queue_purged_total"))
+	assert.Equal(t, map[string]float64{"deleted": 1, "expired": 0}, values(t, c, "tinymq_queues_deleted_total"))
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP tinymq_deleted_queues_messages_removed_total Messages that the deletes of their queues removed: waiting ones, and those whose delivery failed after the delete.
+# TYPE tinymq_deleted_queues_messages_removed_total counter
+tinymq_deleted_queues_messages_removed_total 3
+`), "tinymq_deleted_queues_messages_removed_total"))
+	require.NoError(t, sub.Cancel(t.Context()))
+	mq.Stop()
 }
