@@ -88,6 +88,11 @@ type EngineConfig struct {
 	Logger *slog.Logger
 	// Codec encodes published Data ([WithCodec]); never nil.
 	Codec Codec
+	// Forget tells the MQ that the broker deleted a queue on its own (its
+	// x-expires passed), so that the MQ forgets it as it forgets a queue
+	// that [MQ.DeleteQueue] deleted. It takes the MQ's lock: call it with
+	// none of the engine's locks held, never from a call the MQ made.
+	Forget func(queue string)
 }
 
 // ExchangeSpec describes a validated exchange declaration.

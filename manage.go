@@ -333,6 +333,22 @@ func (m *MQ) deleteLocked(q *queue, expired bool) *deletion {
 	return d
 }
 
+// forgetOnEngine is an engine's EngineConfig.Forget: the broker deleted the
+// queue (its x-expires passed).
+func (m *MQ) forgetOnEngine(name string) {
+	m.mu.Lock()
+	defer m.unlock()
+	if q := m.queues[name]; q != nil {
+		m.forgetQueueLocked(q)
+		q.mu.Lock()
+		q.gone = true
+		for _, s := range q.subs {
+			q.cancelLocked(s)
+		}
+		q.mu.Unlock()
+	}
+}
+
 // forgetQueueLocked takes q out of every exchange and of the MQ's maps. The
 // caller holds the write lock.
 func (m *MQ) forgetQueueLocked(q *queue) {
@@ -406,11 +422,7 @@ func (m *MQ) PurgeQueue(name string) (int, error) {
 	}
 	if m.engine != nil {
 		m.mu.RUnlock()
-		n, err := m.engine.PurgeQueue(name)
-		if err == nil {
-			q.c.purged.Add(uint64(n))
-		}
-		return n, err
+		return m.engine.PurgeQueue(name) // the engine counts it in its Stats
 	}
 	var keys []string
 	q.mu.Lock()

@@ -167,7 +167,7 @@ func (m *MQ) init() {
 		m.done = make(chan struct{})
 		m.aborted = make(chan struct{})
 		if m.engine != nil {
-			m.engine.Init(EngineConfig{Logger: m.log, Codec: m.codec})
+			m.engine.Init(EngineConfig{Logger: m.log, Codec: m.codec, Forget: m.forgetOnEngine})
 		}
 	})
 }

@@ -225,10 +225,17 @@ func (e *engine) waitPub(ctx context.Context) (*pubSession, error) {
 	}
 }
 
-// waitSub waits for the consuming connection; ok is false once stop is
-// closed.
-func (e *engine) waitSub() (conn *amqp091.Connection, lost <-chan struct{}, ok bool) {
+// waitSub waits for the consuming connection; ok is false once stop or
+// quit is closed.
+func (e *engine) waitSub(quit <-chan struct{}) (conn *amqp091.Connection, lost <-chan struct{}, ok bool) {
 	for {
+		select {
+		case <-e.stop:
+			return nil, nil, false
+		case <-quit:
+			return nil, nil, false
+		default:
+		}
 		e.mu.Lock()
 		conn, lost, changed := e.sub, e.subLost, e.changed
 		e.mu.Unlock()
@@ -238,6 +245,8 @@ func (e *engine) waitSub() (conn *amqp091.Connection, lost <-chan struct{}, ok b
 		select {
 		case <-changed:
 		case <-e.stop:
+			return nil, nil, false
+		case <-quit:
 			return nil, nil, false
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,28 +19,25 @@ import (
 	"github.com/tinymq/tinymq/internal/hist"
 )
 
-// cqueue is one registered queue and its consumer.
+// cqueue is one declared queue: its settings, its retry wait queues, the
+// subscriptions that consume it, and its counters. Its subscriptions share
+// its counters, its retry policy and its dead-letter exchange.
 //
-// Goroutines: run, the queue's manager, is started by startQueue and joined
-// by finish (mgrWG); it starts the queue's workers (wrkWG, joined by finish;
-// also by run itself unless a Shutdown deadline passed). The manager opens a
-// channel on the consuming connection, consumes, and publishes the delivery
-// channel in cur; the workers take deliveries from whichever cur is current,
-// so they live across reconnects. Lock order: engine mu before cqueue mu.
+// Lock order: engine mu before cqueue mu; a subscription's state is under its
+// queue's mu.
 type cqueue struct {
-	e        *engine
-	spec     tinymq.QueueSpec
-	prefetch int
-	waits    []int64 // the retry wait of attempt i+1, in ms, before jitter
-	waitQs   []string
-	tag      string // consumer tag
+	e      *engine
+	spec   tinymq.QueueSpec // as first declared; its Consumer is the first subscription's
+	waits  []int64          // the retry wait of attempt i+1, in ms, before jitter
+	waitQs []string
 
 	mu       sync.Mutex
-	cur      <-chan amqp091.Delivery // nil while not consuming
-	changed  chan struct{}           // closed and replaced when cur or stopping change
-	stopping bool
-
-	workers sync.WaitGroup
+	subs     []*subscription // those not cancelled
+	retired  []*subscription // those it had when it was deleted
+	paused   bool            // PauseQueue: its subscriptions do not consume
+	deleting bool            // a DeleteQueue is under way: a cancel from the broker is expected
+	gone     bool            // deleted or expired: its subscriptions end, failures are not retried
+	changed  chan struct{}   // closed and replaced whenever the above or a subscription's state changes
 
 	inFlight atomic.Int64
 	c        queueCounters
@@ -47,8 +45,42 @@ type cqueue struct {
 }
 
 type queueCounters struct {
-	delivered, succeeded, failed, retried, deadLettered, dropped atomic.Uint64
+	delivered, succeeded, failed, retried, deadLettered, dropped, purged, removed atomic.Uint64
 }
+
+// subscription is one consumer of a queue (a basic.consume): the one
+// RegisterQueue attached, or one of [engine.Consume]. It is the
+// [tinymq.EngineSubscription] that Consume returns.
+//
+// Goroutines: run, its manager, is started by startSubLocked once the engine
+// is started and joined by finish (mgrWG); it starts the workers (wrkWG,
+// joined by finish; also by run itself unless a Shutdown deadline passed).
+// The manager opens a channel on the consuming connection, consumes, and
+// publishes the delivery channel in cur; the workers take deliveries from
+// whichever cur is current, so they live across reconnects, pauses and
+// resumes. done is closed when the manager has returned (or when it will
+// never start).
+type subscription struct {
+	q           *cqueue
+	fn          tinymq.ConsumerFunc
+	concurrency int
+	prefetch    int
+	tag         string        // consumer tag
+	quit        chan struct{} // closed when it is cancelled, or its queue is gone
+	done        chan struct{}
+	doneOnce    sync.Once
+	workers     sync.WaitGroup
+
+	// Under q.mu:
+	cur       <-chan amqp091.Delivery // nil while there is none to read
+	live      <-chan amqp091.Delivery // cur while its deliveries are to be handled; nil once they go back
+	stopping  bool                    // the workers leave once cur is drained
+	consuming bool                    // from before basic.consume until basic.cancel-ok or the channel's end
+	cancelled bool
+	started   bool
+}
+
+var _ tinymq.EngineSubscription = (*subscription)(nil)
 
 // retryBackoff is the backoff of a queue's retry policy, computed as the
 // core computes it.
@@ -78,9 +110,8 @@ func (q *cqueue) waitFor(attempt int) (queue string, ms int64) {
 	return q.waitQs[i], q.waits[i]
 }
 
-func newQueue(e *engine, spec tinymq.QueueSpec, prefetch int) *cqueue {
-	q := &cqueue{e: e, spec: spec, prefetch: prefetch, changed: make(chan struct{})}
-	q.tag = "tinymq-" + strconv.FormatUint(rand.Uint64(), 36)
+func newQueue(e *engine, spec tinymq.QueueSpec) *cqueue {
+	q := &cqueue{e: e, spec: spec, changed: make(chan struct{})}
 	if spec.Retry.MaxAttempts > 1 {
 		q.waits = retryWaits(spec.Retry)
 		for _, ms := range q.waits {
@@ -90,23 +121,133 @@ func newQueue(e *engine, spec tinymq.QueueSpec, prefetch int) *cqueue {
 	return q
 }
 
-// run is the queue's manager (see cqueue).
-func (q *cqueue) run(ctx context.Context) {
-	defer q.e.mgrWG.Done()
-	defer q.e.own.Leave(q.e.own.Enter()) // it logs: the logger may call Stop
-	for range q.spec.Concurrency {
-		q.workers.Add(1)
-		q.e.wrkWG.Add(1)
-		go q.work(ctx)
+// owns reports whether a recorded step declares q, one of its wait queues, or
+// a binding of one of them.
+func (q *cqueue) owns(s step) bool {
+	return s.kind != stepExchange && (s.name == q.spec.Name || slices.Contains(q.waitQs, s.name))
+}
+
+// signalLocked wakes everyone waiting for q's state to change. q.mu is held.
+func (q *cqueue) signalLocked() {
+	close(q.changed)
+	q.changed = make(chan struct{})
+}
+
+func (q *cqueue) isGone() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.gone
+}
+
+// setDeleting marks a DeleteQueue under way, or over.
+func (q *cqueue) setDeleting(on bool) {
+	q.mu.Lock()
+	q.deleting = on
+	q.signalLocked()
+	q.mu.Unlock()
+}
+
+// awaitDecided waits while a DeleteQueue is under way, and reports whether
+// q is gone.
+func (q *cqueue) awaitDecided() (gone bool) {
+	for {
+		q.mu.Lock()
+		deleting, gone, changed := q.deleting, q.gone, q.changed
+		q.mu.Unlock()
+		if !deleting {
+			return gone
+		}
+		select {
+		case <-changed:
+		case <-q.e.stop:
+			return q.isGone()
+		}
+	}
+}
+
+// newSubscription returns a subscription of q, not yet added to it.
+func newSubscription(q *cqueue, fn tinymq.ConsumerFunc, concurrency, prefetch int) *subscription {
+	return &subscription{
+		q: q, fn: fn, concurrency: concurrency, prefetch: prefetch,
+		tag:  "tinymq-" + strconv.FormatUint(rand.Uint64(), 36),
+		quit: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+}
+
+func (s *subscription) closeDone() { s.doneOnce.Do(func() { close(s.done) }) }
+
+// cancelLocked marks s cancelled, unless it was, and takes it out of its
+// queue; one that never started is done. It reports whether it cancelled s.
+// q.mu is held.
+func (s *subscription) cancelLocked() bool {
+	if s.cancelled {
+		return false
+	}
+	q := s.q
+	s.cancelled = true
+	// From now on, what its workers take goes back: nothing begins after
+	// Cancel returned, though the manager has yet to cancel the consumer.
+	s.stopping, s.live = true, nil
+	close(s.quit)
+	q.subs = slices.DeleteFunc(slices.Clone(q.subs), func(o *subscription) bool { return o == s })
+	if !s.started {
+		s.closeDone()
+	}
+	q.signalLocked()
+	return true
+}
+
+// Cancel ends the subscription, as basic.cancel does: the broker hands it no
+// new message, the messages it had prefetched and not begun go back to the
+// queue (nacked with requeue), and Cancel waits for the deliveries in its
+// consumer until ctx ends, returning ctx's error then: they finish and are
+// settled in the background, on the channel, which closes after them. It is
+// idempotent: a second Cancel waits as the first does. Called from a
+// consumer (or anything else the engine runs) it returns nil without
+// waiting, since it could be waiting for itself. A cancelled subscription
+// never consumes again, after a reconnect included. After Shutdown it
+// returns once the subscription's workers have.
+func (s *subscription) Cancel(ctx context.Context) error {
+	q, e := s.q, s.q.e
+	q.mu.Lock()
+	s.cancelLocked()
+	q.mu.Unlock()
+	if e.own.Mine() {
+		return nil
+	}
+	select {
+	case <-s.done:
+		return nil
+	default:
+	}
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run is the subscription's manager (see subscription).
+func (s *subscription) run(ctx context.Context) {
+	e := s.q.e
+	defer e.mgrWG.Done()
+	defer s.closeDone()
+	defer e.own.Leave(e.own.Enter()) // it logs: the logger may call Stop
+	for range s.concurrency {
+		s.workers.Add(1)
+		e.wrkWG.Add(1)
+		go s.work(ctx)
 	}
 	// failed counts the attempts since the last that got as far as consuming.
 	failed := 0
 	for {
-		conn, lost, ok := q.e.waitSub()
+		conn, lost, ok := e.waitSub(s.quit)
 		if !ok {
 			break
 		}
-		stopped, consumed := q.consume(conn, lost)
+		stopped, consumed := s.consume(conn, lost)
 		if stopped {
 			return
 		}
@@ -114,120 +255,278 @@ func (q *cqueue) run(ctx context.Context) {
 			failed = 0
 		}
 		failed++
-		t := time.NewTimer(q.e.cfg.reconnect.Wait(failed))
+		t := time.NewTimer(e.cfg.reconnect.Wait(failed))
 		select {
 		case <-t.C:
-		case <-q.e.stop:
+		case <-e.stop:
+			t.Stop()
+		case <-s.quit:
 			t.Stop()
 		}
 	}
-	q.setStopping()
-	q.awaitWorkers()
+	s.setStopping()
+	s.awaitWorkers()
 }
 
 // consume consumes on one channel until it or its connection is lost, or
-// the engine stops. stopped says that it handled the stop; consumed, that it
-// got as far as consuming.
-func (q *cqueue) consume(conn *amqp091.Connection, lost <-chan struct{}) (stopped, consumed bool) {
+// the subscription ends (Shutdown, Cancel, its queue gone); while the queue
+// is paused it keeps the channel and does not consume. stopped says that
+// it handled the end; consumed, that it got as far as consuming.
+func (s *subscription) consume(conn *amqp091.Connection, lost <-chan struct{}) (stopped, consumed bool) {
+	q, e := s.q, s.q.e
 	ch, err := conn.Channel()
 	if err != nil {
 		return false, false
 	}
 	defer ch.Close()
+	defer s.setConsuming(false)
 	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
 	cancelled := ch.NotifyCancel(make(chan string, 1))
-	if err := ch.Qos(q.prefetch, 0, false); err != nil {
-		q.e.logWarn("tinymq/amqp: setting the prefetch failed", "queue", q.spec.Name, "err", err.Error())
+	if err := ch.Qos(s.prefetch, 0, false); err != nil {
+		e.logWarn("tinymq/amqp: setting the prefetch failed", "queue", q.spec.Name, "err", err.Error())
 		return false, false
 	}
-	dels, err := ch.Consume(q.spec.Name, q.tag, false, false, false, false, nil)
-	if err != nil {
-		q.e.logWarn("tinymq/amqp: consuming failed; declaring and trying again", "queue", q.spec.Name, "err", err.Error())
-		if !conn.IsClosed() {
-			q.e.redeclareAll(conn) // the queue may have been deleted
+	for {
+		// consuming is set before basic.consume, under the lock that
+		// PauseQueue takes, so that a PauseQueue waits for this consumer to
+		// be cancelled again.
+		q.mu.Lock()
+		paused, changed := q.paused, q.changed
+		s.consuming = !paused
+		q.mu.Unlock()
+		if paused {
+			select {
+			case <-changed:
+				continue
+			case <-lost:
+			case aerr := <-closed:
+				e.logWarn("tinymq/amqp: consumer channel closed; consuming again", "queue", q.spec.Name, "err", guard.ErrorText(aerr))
+			case <-e.stop:
+				s.stopConsuming(ch, nil)
+				return true, true
+			case <-s.quit:
+				s.stopConsuming(ch, nil)
+				return true, true
+			}
+			return false, consumed
 		}
-		return false, false
+		dels, err := ch.Consume(q.spec.Name, s.tag, false, false, false, false, nil)
+		if err != nil {
+			s.setConsuming(false)
+			if conn.IsClosed() {
+				return false, consumed
+			}
+			if amqpCode(err) == amqp091.NotFound && q.spec.Expiry > 0 {
+				// Unused for its x-expires, the broker deleted it: forget it
+				// (which ends this subscription), rather than declare it again.
+				e.expire(q, conn)
+				return false, consumed
+			}
+			e.logWarn("tinymq/amqp: consuming failed; declaring and trying again", "queue", q.spec.Name, "err", err.Error())
+			e.redeclareAll(conn) // the queue may have been deleted
+			return false, consumed
+		}
+		consumed = true
+		s.setCur(dels)
+		switch s.consumeUntil(ch, dels, lost, closed, cancelled, conn) {
+		case endStopped:
+			return true, true
+		case endLost:
+			return false, true
+		}
+		// Paused: the consumer is cancelled and what it had taken went back.
 	}
-	q.setCur(dels)
-	select {
-	case <-lost:
-	case aerr := <-closed:
-		q.e.logWarn("tinymq/amqp: consumer channel closed; consuming again", "queue", q.spec.Name, "err", guard.ErrorText(aerr))
-	case _, ok := <-cancelled:
-		if !ok {
-			return false, true // the channel closed: closed or lost says why
-		}
-		q.e.logWarn("tinymq/amqp: the broker cancelled the consumer (queue deleted?); declaring and consuming again", "queue", q.spec.Name)
-		q.e.redeclareAll(conn)
-	case <-q.e.stop:
-		// Stop taking new deliveries; the workers finish the messages they
-		// are in, hand back what the library had buffered, and return when
-		// the delivery channel closes. Then closing the channel requeues
-		// whatever is still unacknowledged.
-		q.setStopping()
-		if err := ch.Cancel(q.tag, false); err != nil {
-			_ = ch.Close() // the workers must not wait for a cancel that never comes
-		}
-		q.awaitWorkers()
-		return true, true
-	}
-	return false, true
 }
 
-// awaitWorkers waits for this queue's workers, or until a Shutdown deadline
-// passed: then finish waits for them.
-func (q *cqueue) awaitWorkers() {
+// consumeEnd is how consumeUntil ended.
+type consumeEnd uint8
+
+const (
+	endPaused  consumeEnd = iota // the consumer is cancelled; the channel is open
+	endLost                      // the channel, the connection or the consumer is lost: consume again
+	endStopped                   // the subscription ended, and its workers returned
+)
+
+// consumeUntil waits, while the subscription consumes dels, for the queue to
+// be paused (it then cancels the consumer), for the channel's end or the
+// broker's cancel, or for the subscription's end (it then cancels the
+// consumer and waits for the workers), and says which came.
+func (s *subscription) consumeUntil(ch *amqp091.Channel, dels <-chan amqp091.Delivery, lost <-chan struct{},
+	closed <-chan *amqp091.Error, cancelled <-chan string, conn *amqp091.Connection) consumeEnd {
+	q, e := s.q, s.q.e
+	for {
+		q.mu.Lock()
+		paused, changed := q.paused, q.changed
+		q.mu.Unlock()
+		if paused {
+			if s.pause(ch, dels) {
+				return endPaused
+			}
+			return endLost
+		}
+		select {
+		case <-changed:
+		case <-lost:
+			return endLost
+		case aerr := <-closed:
+			e.logWarn("tinymq/amqp: consumer channel closed; consuming again", "queue", q.spec.Name, "err", guard.ErrorText(aerr))
+			return endLost
+		case _, ok := <-cancelled:
+			if !ok {
+				return endLost // the channel closed: closed or lost says why
+			}
+			// The broker cancelled the consumer: its queue was deleted, by
+			// this engine's DeleteQueue or behind its back. The library
+			// closes dels once it handed over what it had; those deliveries
+			// go back (to a deleted queue: nowhere).
+			s.setConsuming(false)
+			s.setLive(nil)
+			s.drain(dels)
+			if q.awaitDecided() {
+				s.stopConsuming(ch, nil) // gone: the deliveries in flight finish on this channel
+				return endStopped
+			}
+			e.logWarn("tinymq/amqp: the broker cancelled the consumer (queue deleted?); declaring and consuming again", "queue", q.spec.Name)
+			e.redeclareAll(conn)
+			return endLost
+		case <-e.stop:
+			s.stopConsuming(ch, dels)
+			return endStopped
+		case <-s.quit:
+			s.stopConsuming(ch, dels)
+			return endStopped
+		}
+	}
+}
+
+// pause cancels the consumer (basic.cancel) for a paused queue and hands
+// back what it had prefetched. It reports false if the channel had to be
+// closed for it.
+func (s *subscription) pause(ch *amqp091.Channel, dels <-chan amqp091.Delivery) bool {
+	s.setLive(nil)
+	err := ch.Cancel(s.tag, false)
+	if err != nil {
+		_ = ch.Close() // the broker stops delivering either way
+	}
+	s.setConsuming(false)
+	s.drain(dels)
+	return err == nil
+}
+
+// stopConsuming ends the subscription on ch: it cancels the consumer when
+// dels is not nil, hands back what the library had buffered, and waits for
+// the workers to finish the messages they are in and leave. The caller
+// closes the channel after it, which requeues whatever is still
+// unacknowledged.
+func (s *subscription) stopConsuming(ch *amqp091.Channel, dels <-chan amqp091.Delivery) {
+	s.setStopping()
+	if dels != nil {
+		if err := ch.Cancel(s.tag, false); err != nil {
+			_ = ch.Close() // the workers must not wait for a cancel that never comes
+		}
+		s.setConsuming(false)
+		s.drain(dels)
+	}
+	s.awaitWorkers()
+}
+
+// drain nacks, with requeue, every delivery left in dels, which is no longer
+// live, until the library closes it (after a cancel or the channel's end).
+// The workers may take some of them too, and nack them as well.
+func (s *subscription) drain(dels <-chan amqp091.Delivery) {
+	for d := range dels {
+		_ = d.Nack(false, true) // not begun: back to the broker for the next consumer
+	}
+	q := s.q
+	q.mu.Lock()
+	if s.cur == dels {
+		s.cur = nil
+	}
+	q.signalLocked()
+	q.mu.Unlock()
+}
+
+// awaitWorkers waits for this subscription's workers, or until a Shutdown
+// deadline passed: then finish waits for them.
+func (s *subscription) awaitWorkers() {
 	done := make(chan struct{})
 	go func() { // joined below, or ends when the workers do
-		q.workers.Wait()
+		s.workers.Wait()
 		close(done)
 	}()
 	select {
 	case <-done:
-	case <-q.e.abort:
+	case <-s.q.e.abort:
 	}
 }
 
-func (q *cqueue) setCur(c <-chan amqp091.Delivery) {
+func (s *subscription) setCur(c <-chan amqp091.Delivery) {
+	q := s.q
 	q.mu.Lock()
-	q.cur = c
-	close(q.changed)
-	q.changed = make(chan struct{})
+	s.cur = c
+	if !s.stopping {
+		s.live = c
+	}
+	q.signalLocked()
 	q.mu.Unlock()
 }
 
-func (q *cqueue) setStopping() {
+func (s *subscription) setLive(c <-chan amqp091.Delivery) {
+	q := s.q
 	q.mu.Lock()
-	if !q.stopping {
-		q.stopping = true
-		close(q.changed)
-		q.changed = make(chan struct{})
+	s.live = c
+	q.signalLocked()
+	q.mu.Unlock()
+}
+
+func (s *subscription) setConsuming(on bool) {
+	q := s.q
+	q.mu.Lock()
+	if s.consuming != on {
+		s.consuming = on
+		q.signalLocked()
 	}
 	q.mu.Unlock()
 }
 
-// next returns the next delivery, waiting across reconnects; ok is false
-// when the queue stops and its current delivery channel is drained.
-func (q *cqueue) next() (d amqp091.Delivery, stopping, ok bool) {
+func (s *subscription) setStopping() {
+	q := s.q
+	q.mu.Lock()
+	if !s.stopping {
+		s.stopping = true
+		s.live = nil
+		q.signalLocked()
+	}
+	q.mu.Unlock()
+}
+
+// next returns the next delivery, waiting across reconnects and pauses;
+// handle is false for one that is to go back to the broker (it came after a
+// pause or the end began); ok is false when the subscription stops and its
+// current delivery channel is drained.
+func (s *subscription) next() (d amqp091.Delivery, handle, ok bool) {
+	q := s.q
 	for {
 		q.mu.Lock()
-		cur, changed, stopping := q.cur, q.changed, q.stopping
+		cur, changed, stopping := s.cur, q.changed, s.stopping
 		q.mu.Unlock()
 		if cur == nil {
 			if stopping {
-				return d, true, false
+				return d, false, false
 			}
 			<-changed
 			continue
 		}
 		select {
 		case d, ok := <-cur:
-			if ok {
-				return d, stopping, true
-			}
 			q.mu.Lock()
-			if q.cur == cur {
-				q.cur = nil
+			if ok {
+				handle := s.live == cur
+				q.mu.Unlock()
+				return d, handle, true
+			}
+			if s.cur == cur {
+				s.cur = nil
 			}
 			q.mu.Unlock()
 		case <-changed:
@@ -235,44 +534,46 @@ func (q *cqueue) next() (d amqp091.Delivery, stopping, ok bool) {
 	}
 }
 
-// work is one worker; see cqueue. A consumer that ends the goroutine with
-// runtime.Goexit (as t.FailNow does) fails its delivery, and a new goroutine
-// takes over the slot, so the queue keeps its workers.
-func (q *cqueue) work(ctx context.Context) {
-	id := q.e.own.Enter()
+// work is one worker; see subscription. A consumer that ends the goroutine
+// with runtime.Goexit (as t.FailNow does) fails its delivery, and a new
+// goroutine takes over the slot, so the subscription keeps its workers.
+func (s *subscription) work(ctx context.Context) {
+	e := s.q.e
+	id := e.own.Enter()
 	returned := false
 	defer func() {
-		q.e.own.Leave(id)
+		e.own.Leave(id)
 		if !returned {
 			// Neither count has reached 0: this goroutine has not called Done.
-			q.workers.Add(1)
-			q.e.wrkWG.Add(1)
-			go q.work(ctx)
+			s.workers.Add(1)
+			e.wrkWG.Add(1)
+			go s.work(ctx)
 		}
-		q.workers.Done()
-		q.e.wrkWG.Done()
+		s.workers.Done()
+		e.wrkWG.Done()
 	}()
 	for {
-		d, stopping, ok := q.next()
+		d, handle, ok := s.next()
 		if !ok {
 			returned = true
 			return
 		}
-		if stopping {
+		if !handle {
 			_ = d.Nack(false, true) // not begun: back to the broker for the next consumer
 			continue
 		}
-		q.handle(ctx, &d)
+		s.handle(ctx, &d)
 	}
 }
 
 // handle runs the consumer on one delivery and settles it.
-func (q *cqueue) handle(ctx context.Context, d *amqp091.Delivery) {
+func (s *subscription) handle(ctx context.Context, d *amqp091.Delivery) {
+	q := s.q
 	m := q.e.toMsg(q.spec.Name, d)
 	q.c.delivered.Add(1)
 	q.inFlight.Add(1)
 	start := time.Now()
-	err := q.process(ctx, d, m, start)
+	err := s.process(ctx, d, m, start)
 	q.done(start)
 	q.settle(d, m, err)
 }
@@ -289,7 +590,8 @@ func (q *cqueue) done(start time.Time) {
 // settle and logMsg cannot. If the consumer calls runtime.Goexit (or its
 // error's methods do), process settles the delivery itself with
 // tinymq.ErrGoexit, as the goroutine will not return to do it.
-func (q *cqueue) process(ctx context.Context, d *amqp091.Delivery, m *tinymq.Msg, start time.Time) (err error) {
+func (s *subscription) process(ctx context.Context, d *amqp091.Delivery, m *tinymq.Msg, start time.Time) (err error) {
+	q := s.q
 	returned := false
 	defer func() {
 		if returned {
@@ -302,7 +604,7 @@ func (q *cqueue) process(ctx context.Context, d *amqp091.Delivery, m *tinymq.Msg
 		q.done(start)
 		q.settle(d, m, fmt.Errorf("%w (queue %q)", tinymq.ErrGoexit, q.spec.Name))
 	}()
-	err = q.spec.Consumer(ctx, m)
+	err = s.fn(ctx, m)
 	if err != nil {
 		err = freezer.Freeze(err) // still guarded: its methods may call Goexit too
 	}
@@ -341,6 +643,14 @@ func (q *cqueue) settle(d *amqp091.Delivery, m *tinymq.Msg, err error) {
 		q.logMsg(slog.LevelWarn, m, "tinymq/amqp: delivery failed after the shutdown deadline; the broker delivers it again", err)
 		return
 	default:
+	}
+	if q.isGone() {
+		// Its queue was deleted (its wait queues with it): no retry and no
+		// dead letter, as for the messages the delete removed.
+		q.c.removed.Add(1)
+		q.logMsg(slog.LevelWarn, m, "tinymq/amqp: delivery failed after its queue was deleted; the message is removed", err)
+		_ = d.Nack(false, false)
+		return
 	}
 	if m.Attempt < q.spec.Retry.MaxAttempts && !guard.Is(err, tinymq.ErrPermanent) {
 		if rerr := q.retry(d, m); rerr != nil {

@@ -35,6 +35,23 @@
 // (tinymq.delay.<exchange>.<ms>) that dead-letters it into its exchange with
 // its routing key when the delay ends.
 //
+// # The topology at run time
+//
+// Each call maps onto the broker's own operation, on a channel of its own:
+// DeclareQueue is queue.declare and queue.bind (WithQueueExpiry is
+// x-expires); Consume is a basic.consume, on its own channel with its own
+// prefetch, and Subscription.Cancel a basic.cancel that hands back, nacked
+// with requeue, what the subscription prefetched and did not begin;
+// DeleteQueue is queue.delete (if-unused and if-empty), which takes the
+// queue's retry wait queues with it; PurgeQueue is queue.purge of the queue
+// and its wait queues; Unbind is queue.unbind; DeleteExchange is
+// exchange.delete (if-unused), which takes the exchange's delay queues with
+// it; PauseQueue cancels this MQ's consumers of the queue and ResumeQueue
+// has them consume again, keeping the subscriptions valid. What was deleted,
+// unbound, expired or cancelled stays so after a reconnect: the engine
+// declares again only what it still has, and its subscriptions consume
+// again.
+//
 // # Failures
 //
 // The engine detects a lost connection or channel, reconnects with

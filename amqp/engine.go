@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,10 +19,11 @@ import (
 //
 //	mq := tinymq.New(amqp.Engine("amqp://guest:guest@localhost:5672/"))
 //
-// Engine does no I/O. The MQ connects lazily, at its first RegisterQueue,
-// DeclareExchange, Bind, Publish or Start, and never blocks in New; its
-// declarations and publishes then block for the broker, at most the publish
-// timeout ([WithPublishTimeout]). After Stop the MQ refuses everything with
+// Engine does no I/O. The MQ connects lazily, at its first declaration,
+// publish, topology change (DeleteQueue, PurgeQueue, Unbind, DeleteExchange)
+// or Start, and never blocks in New; its declarations, topology changes and
+// publishes then block for the broker, at most the publish timeout
+// ([WithPublishTimeout]). After Stop the MQ refuses everything with
 // [tinymq.ErrStopped] and the engine holds no connection. A bad URL or option
 // does not panic: every call of the MQ then returns an error wrapping
 // [tinymq.ErrInvalidOption]. Use one Engine option for one MQ. See the
@@ -33,12 +35,15 @@ func Engine(url string, opts ...Option) tinymq.Option {
 		ids:       newIDSource(),
 		steps:     baseSteps(),
 		exchanges: make(map[string]*exchangeState),
-		delays:    make(map[string]bool),
+		delays:    make(map[string]string),
+		byName:    make(map[string]*cqueue),
 		changed:   make(chan struct{}),
 		quit:      make(chan struct{}),
 		stop:      make(chan struct{}),
 		abort:     make(chan struct{}),
 		done:      make(chan struct{}),
+		logWake:   make(chan struct{}, 1),
+		logStop:   make(chan struct{}),
 		log:       slog.New(slog.DiscardHandler),
 		codec:     tinymq.JSONCodec{},
 	}
@@ -65,10 +70,16 @@ func Engine(url string, opts ...Option) tinymq.Option {
 //     joined by finish after quit is closed (supWG);
 //   - one confirm loop per publishing channel (pubSession.loop): started by
 //     openPub, joined by the supervisor, which waits for its closed channel;
-//   - one manager per queue (cqueue.run): started by startQueue once the
-//     engine is started, joined by finish (mgrWG);
-//   - each queue's workers (cqueue.work): started by its manager, joined by
-//     the manager and by finish (wrkWG);
+//   - one manager per subscription (subscription.run: RegisterQueue's
+//     consumer, or a Consume): started by startSubLocked once the engine is
+//     started, joined by finish (mgrWG); a Cancel, or the delete or expiry
+//     of its queue, ends it early;
+//   - each subscription's workers (subscription.work): started by its
+//     manager, joined by the manager and by finish (wrkWG);
+//   - the log loop (logLoop): started by the first logLater, joined by
+//     finish (logWG); it logs the lines of calls that the MQ makes holding
+//     its own lock (DeleteQueue, DeleteExchange, Unbind, ...), since the
+//     logger is user code that may call the MQ back;
 //   - finish: started by the first Shutdown, joined by every Shutdown, which
 //     waits for done;
 //   - guards (own.Guard): one per log line and per consumer panic whose
@@ -76,28 +87,34 @@ func Engine(url string, opts ...Option) tinymq.Option {
 //     logs or recovered the panic, which waits for it.
 //
 // Lock order: declMu, then topoMu, then mu, then a cqueue's mu. No lock is
-// held while user code runs; only declMu is held across network calls.
+// held while user code runs; only declMu is held across network calls (the
+// supervisor never takes it, since a declaration holding it may be waiting
+// for the supervisor's connection; Stats and managers only try it).
 type engine struct {
 	url    string
 	cfg    config
-	cfgErr error // an invalid URL or option: every call returns it
+	forget func(queue string) // the MQ's EngineConfig.Forget, or nil
+	cfgErr error              // an invalid URL or option: every call returns it
 	ids    *idSource
 
 	// Set by Init, before any other call; read-only afterwards.
 	log   *slog.Logger
 	codec tinymq.Codec
 
-	// declMu makes declarations one at a time.
+	// declMu makes declarations and every other change of the topology
+	// (deletes, unbinds, expiries) one at a time: nothing else changes steps
+	// while it is held.
 	declMu sync.Mutex
 
 	// topoMu guards the topology: every declaration made, in order, which
-	// each new connection makes again; the connection generation it was last
-	// made on; the exchanges' kinds and counters; the delay queues declared.
+	// each new connection makes again (less what was deleted or unbound
+	// since); the connection generation it was last made on; the exchanges'
+	// kinds and counters; the delay queues declared, with their exchanges.
 	topoMu    sync.RWMutex
 	steps     []step
 	gen       uint64
 	exchanges map[string]*exchangeState
-	delays    map[string]bool
+	delays    map[string]string
 
 	// mu guards the connection state and the lifecycle. Never held across a
 	// network call or user code.
@@ -112,17 +129,31 @@ type engine struct {
 	running  bool                // the supervisor was started
 	started  bool                // Start was called
 	closing  bool                // Shutdown began
-	queues   []*cqueue
+	queues   []*cqueue           // in declaration order
+	byName   map[string]*cqueue
 	queueCtx context.Context // the consumers' context, from Start
 	cancel   context.CancelFunc
+
+	// Also under mu: the queues deleted or expired, whose deliveries in
+	// flight may still count, and the counts of those that settled.
+	deleted                      []*cqueue
+	deletedSum                   tinymq.QueueStats
+	deletedQueues, expiredQueues uint64
 
 	quit  chan struct{} // closed by finish: the supervisor closes the connections and returns
 	stop  chan struct{} // closed when Shutdown begins: managers cancel their consumers
 	abort chan struct{} // closed when a Shutdown deadline passed
 	done  chan struct{} // closed when everything has stopped
 
-	shutOnce, abortOnce sync.Once
-	supWG, mgrWG, wrkWG sync.WaitGroup
+	// Also under mu: the lines logLater handed to the log loop.
+	logQ       []logLine
+	logStarted bool
+	logClosed  bool          // finish has joined the log loop: logLater logs itself
+	logWake    chan struct{} // a nudge for the log loop, buffered 1
+	logStop    chan struct{} // closed by finish: the log loop drains and returns
+
+	shutOnce, abortOnce        sync.Once
+	supWG, mgrWG, wrkWG, logWG sync.WaitGroup
 
 	// own holds the goroutines that run user code (consumers, the logger),
 	// so that a Stop they call does not wait for themselves.
@@ -144,6 +175,7 @@ func (e *engine) Init(cfg tinymq.EngineConfig) {
 	if cfg.Codec != nil {
 		e.codec = cfg.Codec
 	}
+	e.forget = cfg.Forget
 }
 
 // DeclareExchange declares a durable exchange of the spec's type, with its
@@ -159,8 +191,11 @@ func (e *engine) DeclareExchange(spec tinymq.ExchangeSpec) error {
 }
 
 // DeclareQueue declares the queue's exchange (when this MQ has not), a
-// durable queue with the spec's arguments, its retry wait queues, and its
-// bindings; the consumer starts with Start.
+// durable queue with the spec's arguments (WithQueueExpiry as x-expires), its
+// retry wait queues, and its binding; with spec.Consumer it attaches a
+// subscription, which consumes from Start on, or at once when the engine is
+// started. A queue declared already gets the binding, and counts as used
+// (x-expires starts again), as a queue.declare does.
 func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 	if e.cfgErr != nil {
 		return e.cfgErr
@@ -176,16 +211,19 @@ func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 	case spec.Overflow == tinymq.Block:
 		return fmt.Errorf("%w: tinymq.WithMaxLen(n, tinymq.Block) on queue %q (a broker cannot make a publisher wait for room; use RejectPublish and retry)", tinymq.ErrUnsupported, spec.Name)
 	}
-	prefetch := spec.Concurrency
-	if e.cfg.prefetch > 0 {
-		if spec.Concurrency > e.cfg.prefetch {
-			return fmt.Errorf("%w: queue %q: concurrency %d above amqp.WithPrefetch(%d) leaves workers idle",
-				tinymq.ErrInvalidOption, spec.Name, spec.Concurrency, e.cfg.prefetch)
+	prefetch := 0
+	if spec.Consumer != nil {
+		var err error
+		if prefetch, err = e.prefetchFor(spec.Name, spec.Concurrency); err != nil {
+			return err
 		}
-		prefetch = e.cfg.prefetch
 	}
-	q := newQueue(e, spec, prefetch)
+	proto := newQueue(e, spec) // its wait queues, if it is new
 
+	// declMu is held until the queue is recorded, so that no delete or
+	// expiry comes between its declaration and its record.
+	e.declMu.Lock()
+	defer e.declMu.Unlock()
 	var steps []step
 	e.topoMu.RLock()
 	known := e.exchanges[spec.Binding.Exchange] != nil
@@ -210,16 +248,19 @@ func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 			args["x-overflow"] = "reject-publish"
 		}
 	}
+	if spec.Expiry > 0 {
+		args["x-expires"] = millis(spec.Expiry)
+	}
 	steps = append(steps, step{kind: stepQueue, name: spec.Name, args: args})
-	for i, w := range q.waitQs {
+	for i, w := range proto.waitQs {
 		steps = append(steps,
 			step{kind: stepQueue, name: w, args: amqp091.Table{
-				"x-message-ttl":          q.waits[i],
+				"x-message-ttl":          proto.waits[i],
 				"x-dead-letter-exchange": requeueExchange,
 			}},
 			step{kind: stepBind, name: w, exchange: waitExchange, args: amqp091.Table{"x-match": "all", hdrWait: w}})
 	}
-	if len(q.waitQs) > 0 {
+	if len(proto.waitQs) > 0 {
 		steps = append(steps, step{kind: stepBind, name: spec.Name, exchange: requeueExchange,
 			args: amqp091.Table{"x-match": "all", hdrQueue: spec.Name}})
 	}
@@ -227,17 +268,142 @@ func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 	if err != nil {
 		return err
 	}
-	if err := e.declare(append(steps, binds...)); err != nil {
+	if err := e.declareLocked(append(steps, binds...)); err != nil {
 		return err
 	}
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.queues = append(e.queues, q)
-	if e.started && !e.closing {
-		e.startQueueLocked(q)
+	q := e.byName[spec.Name]
+	if q == nil {
+		q = proto
+		e.queues = append(e.queues, q)
+		e.byName[spec.Name] = q
+	}
+	if spec.Consumer != nil {
+		e.addSubLocked(newSubscription(q, spec.Consumer, spec.Concurrency, prefetch))
 	}
 	return nil
+}
+
+// prefetchFor returns the prefetch of a subscription of concurrency workers
+// to queue: its concurrency, or WithPrefetch, which must not be below it.
+func (e *engine) prefetchFor(queue string, concurrency int) (int, error) {
+	if e.cfg.prefetch == 0 {
+		return concurrency, nil
+	}
+	if concurrency > e.cfg.prefetch {
+		return 0, fmt.Errorf("%w: queue %q: concurrency %d above amqp.WithPrefetch(%d) leaves workers idle",
+			tinymq.ErrInvalidOption, queue, concurrency, e.cfg.prefetch)
+	}
+	return e.cfg.prefetch, nil
+}
+
+// addSubLocked adds s to its queue and starts it if the engine is started.
+// The caller holds mu.
+func (e *engine) addSubLocked(s *subscription) {
+	q := s.q
+	q.mu.Lock()
+	q.subs = append(slices.Clip(q.subs), s)
+	q.signalLocked()
+	q.mu.Unlock()
+	if e.started && !e.closing {
+		e.startSubLocked(s)
+	}
+}
+
+// Consume attaches a subscription of concurrency workers running c to the
+// declared queue (basic.consume, on a channel of its own, with the prefetch
+// of a RegisterQueue consumer); it consumes from Start on, or at once when
+// the engine is started, and again after every reconnect until its Cancel
+// (or its queue's delete or expiry). Several
+// subscriptions, of this MQ and of others, compete for the queue's
+// messages. It does no I/O.
+func (e *engine) Consume(queue string, c tinymq.ConsumerFunc, concurrency int) (tinymq.EngineSubscription, error) {
+	if e.cfgErr != nil {
+		return nil, e.cfgErr
+	}
+	prefetch, err := e.prefetchFor(queue, concurrency)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	q := e.byName[queue]
+	if q == nil {
+		return nil, fmt.Errorf("%w: %q (deleted, or expired on the broker)", tinymq.ErrUnknownQueue, queue)
+	}
+	s := newSubscription(q, c, concurrency, prefetch)
+	e.addSubLocked(s)
+	return s, nil
+}
+
+// PauseQueue cancels the consumers (basic.cancel) that this MQ's
+// subscriptions have on the queue, and hands back what they had prefetched;
+// their deliveries in flight finish. It waits, at most the publish timeout,
+// until the broker confirmed each cancel, so that no delivery begins after
+// it returns. The subscriptions stay valid, and consume again at
+// ResumeQueue (after a reconnect too). Consumers of other processes are
+// not paused.
+func (e *engine) PauseQueue(name string) error {
+	if e.cfgErr != nil {
+		return e.cfgErr
+	}
+	q := e.queue(name)
+	if q == nil {
+		return fmt.Errorf("%w: %q", tinymq.ErrUnknownQueue, name)
+	}
+	q.mu.Lock()
+	was := q.paused
+	q.paused = true
+	q.signalLocked()
+	q.mu.Unlock()
+	t := time.NewTimer(e.cfg.publishTimeout)
+	defer t.Stop()
+	for {
+		q.mu.Lock()
+		busy := slices.ContainsFunc(q.subs, func(s *subscription) bool { return s.consuming })
+		changed := q.changed
+		q.mu.Unlock()
+		if !busy {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-e.stop:
+			return nil // the consumers are being cancelled for good
+		case <-t.C:
+			q.mu.Lock()
+			q.paused = was
+			q.signalLocked()
+			q.mu.Unlock()
+			return fmt.Errorf("tinymq/amqp: pausing queue %q: its consumers were not cancelled within %v", name, e.cfg.publishTimeout)
+		}
+	}
+}
+
+// ResumeQueue has the queue's subscriptions consume again (basic.consume).
+// It does not wait for the broker.
+func (e *engine) ResumeQueue(name string) error {
+	if e.cfgErr != nil {
+		return e.cfgErr
+	}
+	q := e.queue(name)
+	if q == nil {
+		return fmt.Errorf("%w: %q", tinymq.ErrUnknownQueue, name)
+	}
+	q.mu.Lock()
+	q.paused = false
+	q.signalLocked()
+	q.mu.Unlock()
+	return nil
+}
+
+// queue returns the declared queue of that name, or nil.
+func (e *engine) queue(name string) *cqueue {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.byName[name]
 }
 
 // Bind binds an existing queue to another exchange, declaring the exchange
@@ -249,6 +415,12 @@ func (e *engine) Bind(spec tinymq.BindingSpec) error {
 	if reserved(spec.Exchange) {
 		return fmt.Errorf("%w: exchange name %q is the engine's", tinymq.ErrUnsupported, spec.Exchange)
 	}
+	binds, err := bindingSteps(spec)
+	if err != nil {
+		return err
+	}
+	e.declMu.Lock()
+	defer e.declMu.Unlock()
 	var steps []step
 	e.topoMu.RLock()
 	known := e.exchanges[spec.Exchange] != nil
@@ -256,11 +428,7 @@ func (e *engine) Bind(spec tinymq.BindingSpec) error {
 	if !known {
 		steps = append(steps, exchangeStep(spec.Exchange, spec.Kind, ""))
 	}
-	binds, err := bindingSteps(spec)
-	if err != nil {
-		return err
-	}
-	return e.declare(append(steps, binds...))
+	return e.declareLocked(append(steps, binds...))
 }
 
 // Start starts every queue's consumer; it does not block. Consumers' contexts
@@ -278,15 +446,29 @@ func (e *engine) Start(ctx context.Context) error {
 	e.started = true
 	e.queueCtx, e.cancel = context.WithCancel(ctx)
 	for _, q := range e.queues {
-		e.startQueueLocked(q)
+		q.mu.Lock()
+		subs := slices.Clone(q.subs)
+		q.mu.Unlock()
+		for _, s := range subs {
+			e.startSubLocked(s)
+		}
 	}
 	return nil
 }
 
-// startQueueLocked starts q's manager. The caller holds mu.
-func (e *engine) startQueueLocked(q *cqueue) {
+// startSubLocked starts s's manager, unless s was cancelled or started. The
+// caller holds mu, and the engine is started and not closing.
+func (e *engine) startSubLocked(s *subscription) {
+	q := s.q
+	q.mu.Lock()
+	if s.cancelled || s.started {
+		q.mu.Unlock()
+		return
+	}
+	s.started = true
+	q.mu.Unlock()
 	e.mgrWG.Add(1)
-	go q.run(e.queueCtx)
+	go s.run(e.queueCtx)
 }
 
 // Shutdown stops consuming, waits for the messages in consumers, and closes
@@ -295,6 +477,16 @@ func (e *engine) Shutdown(ctx context.Context) error {
 	e.shutOnce.Do(func() {
 		e.mu.Lock()
 		e.closing = true
+		// The subscriptions that never started never will: they are done.
+		for _, q := range e.queues {
+			q.mu.Lock()
+			for _, s := range q.subs {
+				if !s.started {
+					s.closeDone()
+				}
+			}
+			q.mu.Unlock()
+		}
 		e.mu.Unlock()
 		close(e.stop)
 		go e.finish() // joined by every Shutdown through done
@@ -319,6 +511,9 @@ func (e *engine) Shutdown(ctx context.Context) error {
 	n := int64(0)
 	e.mu.Lock()
 	for _, q := range e.queues {
+		n += q.inFlight.Load()
+	}
+	for _, q := range e.deleted {
 		n += q.inFlight.Load()
 	}
 	e.mu.Unlock()
@@ -347,6 +542,16 @@ func (e *engine) finish() {
 	e.supWG.Wait()
 	e.wrkWG.Wait()
 	e.cancelConsumers()
+	close(e.logStop)
+	e.logWG.Wait()
+	e.mu.Lock()
+	e.logClosed = true
+	lines := e.logQ // handed over after the loop's last look
+	e.logQ = nil
+	e.mu.Unlock()
+	for _, l := range lines {
+		e.run(l)
+	}
 	close(e.done)
 }
 
@@ -398,6 +603,84 @@ func (e *engine) logKV(level slog.Level, msg string, kv ...any) {
 	e.own.Guard(func() { e.log.Log(context.Background(), level, msg, kv...) })
 }
 
-func (e *engine) logInfo(msg string, kv ...any)  { e.logKV(slog.LevelInfo, msg, kv...) }
-func (e *engine) logWarn(msg string, kv ...any)  { e.logKV(slog.LevelWarn, msg, kv...) }
-func (e *engine) logError(msg string, kv ...any) { e.logKV(slog.LevelError, msg, kv...) }
+// logLine is a line that logLater handed to the log loop.
+type logLine struct {
+	level slog.Level
+	msg   string
+	kv    []any
+	fn    func() // instead of a line: a call into the MQ (see tellLater)
+}
+
+// logLater logs a line of a call that the MQ makes holding its own lock
+// (DeleteQueue, DeleteExchange, Unbind, ...): the logger is user code, and a
+// logger that calls the MQ back (a Publish) would wait for that lock while
+// the call waits for the logger. The line goes to the log loop, which logs it
+// soon after, with no lock held; once the engine has shut down it is logged
+// at once. It does not block.
+func (e *engine) logLater(level slog.Level, msg string, kv ...any) {
+	if e.log.Handler() == slog.DiscardHandler {
+		return
+	}
+	e.later(logLine{level: level, msg: msg, kv: kv})
+}
+
+// tellLater calls fn, a call into the MQ (which may take the MQ's lock), on
+// the log loop, as logLater logs: the caller may hold the engine's locks, or
+// run under the MQ's.
+func (e *engine) tellLater(fn func()) {
+	e.later(logLine{fn: fn})
+}
+
+// later queues l for the log loop, starting it if need be.
+func (e *engine) later(l logLine) {
+	e.mu.Lock()
+	if e.logClosed {
+		e.mu.Unlock()
+		e.run(l)
+		return
+	}
+	e.logQ = append(e.logQ, l)
+	if !e.logStarted {
+		e.logStarted = true
+		e.logWG.Add(1)
+		go e.logLoop()
+	}
+	e.mu.Unlock()
+	select {
+	case e.logWake <- struct{}{}:
+	default: // a nudge is pending
+	}
+}
+
+// logLoop is the log loop (see engine): it logs what logLater queued, until
+// finish closes logStop.
+func (e *engine) logLoop() {
+	defer e.logWG.Done()
+	defer e.own.Leave(e.own.Enter()) // the logger may call Stop
+	for {
+		e.mu.Lock()
+		lines := e.logQ
+		e.logQ = nil
+		e.mu.Unlock()
+		for _, l := range lines {
+			e.run(l)
+		}
+		select {
+		case <-e.logWake:
+		case <-e.logStop:
+			return // finish logs what came after this look
+		}
+	}
+}
+
+// run logs l, or makes its call.
+func (e *engine) run(l logLine) {
+	if l.fn != nil {
+		l.fn()
+		return
+	}
+	e.logKV(l.level, l.msg, l.kv...)
+}
+
+func (e *engine) logInfo(msg string, kv ...any) { e.logKV(slog.LevelInfo, msg, kv...) }
+func (e *engine) logWarn(msg string, kv ...any) { e.logKV(slog.LevelWarn, msg, kv...) }

@@ -248,7 +248,7 @@ func (e *engine) ensureDelay(exchange string, d time.Duration) (string, error) {
 	ms := millis(d)
 	name := delayQueueName(exchange, ms)
 	e.topoMu.RLock()
-	ok := e.delays[name]
+	_, ok := e.delays[name]
 	e.topoMu.RUnlock()
 	if ok {
 		return name, nil

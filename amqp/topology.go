@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -145,11 +148,18 @@ func baseSteps() []step {
 // publish timeout for a connection, and applies again what a lost connection
 // interrupted. Declarations are one at a time (declMu).
 func (e *engine) declare(steps []step) error {
+	e.declMu.Lock()
+	defer e.declMu.Unlock()
+	return e.declareLocked(steps)
+}
+
+// declareLocked is declare for a caller that holds declMu. A step recorded
+// already (a queue declared again, a binding made again) is not recorded
+// twice.
+func (e *engine) declareLocked(steps []step) error {
 	e.ensureRunning()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.publishTimeout)
 	defer cancel()
-	e.declMu.Lock()
-	defer e.declMu.Unlock()
 	from, recorded := 0, 0 // steps[from:] are to apply; steps[:recorded] are in e.steps
 	var skip uint64
 	for {
@@ -164,7 +174,7 @@ func (e *engine) declare(steps []step) error {
 		e.topoMu.Lock()
 		if done := from + n; done > recorded {
 			for _, s := range steps[recorded:done] {
-				if s.kind == stepExchange && (e.exchanges[s.name] != nil || reserved(s.name)) {
+				if s.kind == stepExchange && (e.exchanges[s.name] != nil || reserved(s.name)) || e.recordedLocked(s) {
 					continue // recorded already
 				}
 				e.steps = append(e.steps, s)
@@ -206,8 +216,22 @@ func applySteps(conn *amqp091.Connection, steps []step) (int, error) {
 
 // redeclare applies every recorded step on conn, after a reconnect. A step the
 // broker refuses (someone declared it differently meanwhile) is logged and
-// skipped: the rest still matters.
+// skipped: the rest still matters. A queue with an expiry that the broker no
+// longer has expired: it is not declared again (see withoutExpired).
 func (e *engine) redeclare(conn *amqp091.Connection, steps []step) error {
+	return e.redeclareLogging(conn, steps, e.logKV)
+}
+
+// redeclareQuietly is redeclare for a call that the MQ makes holding its
+// own lock: it logs through logLater, and the error too.
+func (e *engine) redeclareQuietly(conn *amqp091.Connection, steps []step) {
+	if err := e.redeclareLogging(conn, steps, e.logLater); err != nil {
+		e.logLater(slog.LevelWarn, "tinymq/amqp: declaring the topology again failed", "err", err.Error())
+	}
+}
+
+func (e *engine) redeclareLogging(conn *amqp091.Connection, steps []step, logf func(slog.Level, string, ...any)) error {
+	steps = e.withoutExpired(conn, steps)
 	for len(steps) > 0 {
 		n, err := applySteps(conn, steps)
 		if err == nil {
@@ -216,21 +240,190 @@ func (e *engine) redeclare(conn *amqp091.Connection, steps []step) error {
 		if conn.IsClosed() {
 			return err
 		}
-		e.logError("tinymq/amqp: re-declaring after a reconnect failed; skipping it",
+		logf(slog.LevelError, "tinymq/amqp: re-declaring after a reconnect failed; skipping it",
 			"step", steps[n].String(), "err", err.Error())
 		steps = steps[n+1:]
 	}
 	return nil
 }
 
-// noteStepLocked keeps what Publish needs to know of an exchange. The caller
-// holds topoMu.
+// withoutExpired returns steps without those of the queues declared with
+// an expiry (x-expires) that the broker does not have: unused for that long,
+// the broker deleted them, and declaring them again would bring back what
+// expired. Their state is forgotten by the next Stats, or by their
+// subscriptions, which find them gone (see expire). It checks each such
+// queue with a passive declaration on a channel of its own (a use of the
+// queue, but one that is declared again right after anyway).
+func (e *engine) withoutExpired(conn *amqp091.Connection, steps []step) []step {
+	var gone map[string]bool
+	for _, s := range steps {
+		if s.kind != stepQueue || s.args["x-expires"] == nil {
+			continue
+		}
+		if exists, err := queueExists(conn, s.name); err == nil && !exists {
+			if gone == nil {
+				gone = make(map[string]bool)
+			}
+			gone[s.name] = true
+		}
+	}
+	if gone == nil {
+		return steps
+	}
+	e.mu.Lock()
+	for name := range gone {
+		if q := e.byName[name]; q != nil {
+			for _, w := range q.waitQs {
+				gone[w] = true
+			}
+		}
+	}
+	e.mu.Unlock()
+	return slices.DeleteFunc(slices.Clone(steps), func(s step) bool { return s.kind != stepExchange && gone[s.name] })
+}
+
+// noteStepLocked keeps what Publish needs to know of an exchange, and which
+// exchange each delay queue delays for. The caller holds topoMu.
 func (e *engine) noteStepLocked(s step) {
 	if s.kind == stepExchange && !reserved(s.name) && e.exchanges[s.name] == nil {
 		e.exchanges[s.name] = &exchangeState{kind: s.xkind}
 	}
 	if s.kind == stepQueue && strings.HasPrefix(s.name, delayPrefix) {
-		e.delays[s.name] = true
+		e.delays[s.name], _ = s.args["x-dead-letter-exchange"].(string)
+	}
+}
+
+// recordedLocked reports whether s is recorded already: a queue or an
+// exchange of its name, or the same binding. The caller holds topoMu.
+func (e *engine) recordedLocked(s step) bool {
+	return slices.ContainsFunc(e.steps, func(o step) bool { return sameStep(o, s) })
+}
+
+// sameStep reports whether a and b declare the same thing: an exchange or a
+// queue of one name (the broker refuses one declared with other arguments),
+// or one binding, with the same key and arguments.
+func sameStep(a, b step) bool {
+	if a.kind != b.kind || a.name != b.name {
+		return false
+	}
+	if a.kind != stepBind {
+		return true
+	}
+	return a.exchange == b.exchange && a.key == b.key && reflect.DeepEqual(a.args, b.args)
+}
+
+// removeStepsLocked takes the steps for which drop reports true out of the
+// record, so that no later connection declares them again, and returns the
+// record as it was, for restoreSteps. The caller holds declMu and topoMu.
+func (e *engine) removeStepsLocked(drop func(step) bool) (old []step) {
+	old = slices.Clone(e.steps)
+	e.steps = slices.DeleteFunc(e.steps, drop)
+	return old
+}
+
+// restoreSteps puts back the record that removeStepsLocked returned, after
+// the broker refused the removal, and declares it again if a reconnect
+// since gen may have left it out. The caller holds declMu, so that nothing
+// else changed the record meanwhile.
+func (e *engine) restoreSteps(old []step, gen uint64) {
+	e.topoMu.Lock()
+	e.steps = old
+	again := e.gen != gen
+	e.topoMu.Unlock()
+	if !again {
+		return
+	}
+	e.mu.Lock()
+	conn := e.pubConn
+	e.mu.Unlock()
+	if conn != nil {
+		e.redeclareQuietly(conn, old)
+	}
+}
+
+// queueExists reports whether the broker has the queue, with a passive
+// declaration on a channel of its own (the broker closes it when it does not).
+func queueExists(conn *amqp091.Connection, name string) (bool, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false, err
+	}
+	defer ch.Close()
+	_, err = ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	switch {
+	case err == nil:
+		return true, nil
+	case amqpCode(err) == amqp091.NotFound:
+		return false, nil
+	}
+	return false, err
+}
+
+// probeQueue reports whether the broker has the queue without using it:
+// a passive declaration would count as a use of a queue with an expiry and
+// start its x-expires again, so that a Stats called every second would keep
+// an unused queue forever. It binds the queue to the engine's wait exchange
+// with arguments that no message has, and unbinds it again (a binding is no
+// use); only when the broker refuses the binding for want of the queue or the
+// exchange does it confirm with a passive declaration.
+func probeQueue(conn *amqp091.Connection, name string) (bool, error) {
+	err := withChannel(conn, func(ch *amqp091.Channel) error {
+		if err := ch.QueueBind(name, "", waitExchange, false, probeArgs); err != nil {
+			return err
+		}
+		return ch.QueueUnbind(name, "", waitExchange, probeArgs)
+	})
+	switch {
+	case err == nil:
+		return true, nil
+	case amqpCode(err) == amqp091.NotFound:
+		return queueExists(conn, name)
+	}
+	return false, err
+}
+
+// probeArgs are the arguments of probeQueue's binding: a message matches
+// them only if it has the header, which the engine never sets.
+var probeArgs = amqp091.Table{"x-match": "all", hdrPrefix + "probe": "never routes"}
+
+// amqpCode returns the AMQP reply code of the broker's error, or 0.
+func amqpCode(err error) int {
+	var ae *amqp091.Error
+	if errors.As(err, &ae) {
+		return ae.Code
+	}
+	return 0
+}
+
+// withChannel runs fn on a channel of its own, which a refusal by the broker
+// closes without harming others.
+func withChannel(conn *amqp091.Connection, fn func(ch *amqp091.Channel) error) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	return fn(ch)
+}
+
+// operate runs op on the publishing connection: it waits at most the
+// publish timeout for one, and runs op again on the next connection when the
+// connection is lost under it, so op must be idempotent. It returns op's
+// error otherwise, or why no connection came.
+func (e *engine) operate(op func(conn *amqp091.Connection) error) error {
+	e.ensureRunning()
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.publishTimeout)
+	defer cancel()
+	var skip uint64
+	for {
+		conn, gen, err := e.waitConn(ctx, skip)
+		if err != nil {
+			return err
+		}
+		if err := op(conn); err == nil || !conn.IsClosed() {
+			return err
+		}
+		skip = gen
 	}
 }
 

@@ -108,6 +108,19 @@ func Run(t *testing.T, newMQ func(t *testing.T) *tinymq.MQ, caps Capabilities) {
 		{"ConsumerMayCallStop", s.stopFromConsumer},
 		{"TypedNilAndGoexitFailOneDelivery", s.hostile},
 		{"DocumentedDifferences", s.differences},
+		{"DeclareQueueKeepsMessagesForConsume", s.declareThenConsume},
+		{"DeclareQueueAgainAddsOnlyTheBinding", s.redeclare},
+		{"SubscriptionsCompete", s.compete},
+		{"CancelEndsASubscription", s.cancel},
+		{"CancelFromItsOwnConsumerDoesNotWait", s.cancelFromConsumer},
+		{"DeleteQueueRemovesItsMessages", s.deleteQueue},
+		{"PurgeQueueRemovesWaitingMessages", s.purge},
+		{"UnbindStopsRouting", s.unbind},
+		{"DeleteExchangeRemovesItsBindings", s.deleteExchange},
+		{"QueueExpiryDeletesAnUnusedQueue", s.queueExpiry},
+		{"PauseQueueHoldsDeliveries", s.pause},
+		{"UnknownNamesAreRefused", s.unknownNames},
+		{"TopologyCallsAfterStopAreRefused", s.topologyAfterStop},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)
