@@ -16,28 +16,45 @@
 // # Model
 //
 // A watermill topic is the TinyMQ fanout exchange of the same name. A consumer
-// group is a queue bound to it (see QueueName): its subscriptions, from any
-// number of Subscribers of the MQ, compete for its messages, and the queue
-// keeps the messages published while none is open for as long as the MQ runs.
-// A subscription without a group gets every message published while it is
-// open. A message carries its payload as the TinyMQ message's Data and its
-// UUID and metadata as headers, so TinyMQ consumers and publishers can share
-// the exchanges (see UUIDHeader).
+// group is a queue bound to it (see QueueName), declared with no consumer
+// (tinymq.MQ.DeclareQueue): its subscriptions, from any number of Subscribers
+// of the MQ, compete for its messages, and the queue keeps the messages
+// published while none is open for as long as the MQ runs. A subscription
+// without a group has a queue of its own, declared when it opens and deleted
+// when it closes, so it gets every message published while it is open. A
+// message carries its payload as the TinyMQ message's Data and its UUID and
+// metadata as headers, so TinyMQ consumers and publishers can share the
+// exchanges (see UUIDHeader).
 //
 // # Delivery
 //
-// A queue's consumer hands a message to a subscription (every open one,
-// without a group) and waits for its Ack. A Nack delivers the same message
-// again before any later one, and so does a group subscription closing before
-// its Ack, to another subscription of the group: at least once, and in publish
-// order with the default Concurrency of 1.
+// While a subscription is open, its queue has a TinyMQ consumer
+// (tinymq.MQ.Consume), which hands a message to a subscription and waits for
+// its Ack. A Nack delivers the same message again before any later one, and
+// so does a group subscription closing before its Ack, to another
+// subscription of the group: at least once, and in publish order with the
+// default Concurrency of 1.
+//
+// # Closing
+//
+// A subscription ends when the context given to Subscribe ends or the
+// Subscriber closes. Its TinyMQ consumer is cancelled (Subscription.Cancel):
+// the messages the consumer had taken and not begun go back to the head of
+// the group's queue, and the one a closed subscription held or was about to
+// be handed goes to another subscription of the group, or, if none is open,
+// first to the group's next one. A broadcast subscription's queue is deleted,
+// with what was still in it for that subscription. Nothing is left running
+// for a closed subscription but the consumer calls that keep the group's
+// messages for its next subscription (at most Concurrency of them).
 //
 // # Stopping
 //
 // Close the Publishers and Subscribers (or the Router) before stopping the
 // MQ. MQ.Stop waits for a message a handler holds, as it waits for any
-// consumer; a message no subscription can take any more (none attached, or
-// nacked, while the MQ stops) is dropped with ErrNoSubscriber, which TinyMQ
-// logs and counts. MQ.Shutdown bounds the wait and cancels the messages'
-// contexts.
+// consumer. A group's queue with no open subscription has no consumer: Stop
+// leaves its messages undelivered, counted and logged by TinyMQ. A message no
+// subscription can take any more (the one a closed subscription held, or one
+// nacked or left unread while the MQ stops) is dropped with ErrNoSubscriber,
+// which TinyMQ logs and counts. MQ.Shutdown bounds the wait and cancels the
+// messages' contexts.
 package tinymqwatermill

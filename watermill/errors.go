@@ -7,12 +7,13 @@ var (
 	// and SubscribeInitialize after Subscriber.Close.
 	ErrClosed = errors.New("tinymqwatermill: closed")
 
-	// ErrNoSubscriber is the consumer error of a message that the MQ stopped
-	// before any subscription of its queue acknowledged: no subscription was
-	// attached, the subscription nacked it during the stop, or it never read
-	// its channel. TinyMQ logs such a message and counts it as dropped (see
-	// tinymq.QueueStats.Dropped); it also wraps the drop of a broadcast
-	// message whose last subscription closed before it arrived.
+	// ErrNoSubscriber is the consumer error of a message that no
+	// subscription of its queue acknowledged: the MQ stopped while no
+	// subscription of the group was open to take it, while a subscription
+	// nacked it, or while it was not read; or a broadcast subscription closed
+	// before it acked it. TinyMQ logs such a message and counts it as dropped
+	// (see tinymq.QueueStats.Dropped), or, for a broadcast subscription's
+	// deleted queue, as removed (tinymq.Stats.Deleted).
 	ErrNoSubscriber = errors.New("tinymqwatermill: no subscriber took the message")
 
 	// ErrNilMQ is returned by NewPublisher and NewSubscriber for a nil MQ.

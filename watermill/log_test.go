@@ -3,29 +3,38 @@ package tinymqwatermill_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 )
 
 // recorder is a slog.Handler keeping the text of the errors logged under the
-// key "err".
+// key "err", and each record's message with its "queue".
 type recorder struct {
-	mu   sync.Mutex
-	errs []string
+	mu    sync.Mutex
+	errs  []string
+	lines []line
 }
+
+type line struct{ msg, queue string }
 
 func (r *recorder) logger() *slog.Logger { return slog.New(r) }
 
 func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
 
 func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	l := line{msg: rec.Message}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	rec.Attrs(func(a slog.Attr) bool {
-		if a.Key == "err" {
-			r.mu.Lock()
+		switch a.Key {
+		case "err":
 			r.errs = append(r.errs, a.Value.Resolve().String())
-			r.mu.Unlock()
+		case "queue":
+			l.queue = a.Value.Resolve().String()
 		}
 		return true
 	})
+	r.lines = append(r.lines, l)
 	return nil
 }
 
@@ -37,4 +46,17 @@ func (r *recorder) errors() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]string(nil), r.errs...)
+}
+
+// queues returns the queues of the records whose message contains text.
+func (r *recorder) queues(text string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var qs []string
+	for _, l := range r.lines {
+		if strings.Contains(l.msg, text) {
+			qs = append(qs, l.queue)
+		}
+	}
+	return qs
 }

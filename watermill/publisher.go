@@ -23,8 +23,9 @@ type PublisherConfig struct {
 
 // Publisher is a watermill message.Publisher that publishes to a TinyMQ MQ:
 // a topic is the fanout exchange of that name, and each consumer group's
-// queue, and each topic's broadcast queue, bound to it gets a copy. Create it
-// with NewPublisher; it is safe for concurrent use and starts no goroutine.
+// queue, and each open broadcast subscription's queue, bound to it gets a
+// copy. Create it with NewPublisher; it is safe for concurrent use and starts
+// no goroutine.
 type Publisher struct {
 	mq     *tinymq.MQ
 	cfg    PublisherConfig

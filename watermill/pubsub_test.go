@@ -248,9 +248,10 @@ func TestBroadcastWithoutGroup(t *testing.T) {
 
 	require.NoError(t, sub.Close())
 	requireClosed(t, b)
-	require.ErrorIs(t, strict.Publish("news", msg("3")), tinymq.ErrNoRoute, "the broadcast queue takes nothing once nobody listens")
+	require.ErrorIs(t, strict.Publish("news", msg("3")), tinymq.ErrNoRoute, "no queue is bound once nobody listens")
+	assert.Empty(t, broadcastQueues(mq, "news"), "a broadcast subscription's queue goes with it")
 	stats := mq.Stats()
-	assert.Equal(t, 0, stats.Queues[tinymqwatermill.QueueName("news", "")].Depth)
+	assert.Equal(t, uint64(2), stats.DeletedQueues)
 	assert.Equal(t, uint64(2), stats.Exchanges["news"].Unroutable, "the refusals after the exchange was declared")
 }
 

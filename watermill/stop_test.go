@@ -2,6 +2,7 @@ package tinymqwatermill_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,21 +14,30 @@ import (
 )
 
 // These tests prove that no state of a subscription makes MQ.Stop hang, and
-// that what Stop cannot deliver is dropped with ErrNoSubscriber and counted.
+// that what Stop cannot deliver is counted and logged: left in a group's
+// queue that no subscription consumes (undelivered), or given up by a
+// consumer call with ErrNoSubscriber (dropped).
 
-func TestStopDropsWhatNoSubscriptionTakes(t *testing.T) {
+// A group without an open subscription has no TinyMQ consumer: Stop leaves
+// its waiting messages in the queue, undelivered; only the message a closed
+// subscription held, which its consumer call keeps for the group's next
+// subscription, is dropped.
+func TestStopLeavesAGroupsMessagesInItsQueue(t *testing.T) {
 	mq := startMQ(t)
 	pub := newPublisher(t, mq, tinymqwatermill.PublisherConfig{})
 	sub := newSubscriber(t, mq, tinymqwatermill.SubscriberConfig{ConsumerGroup: "g"})
 	ch := subscribe(t, sub, "t")
 	require.NoError(t, pub.Publish("t", msg("1"), msg("2"), msg("3")))
 	receive(t, ch).Ack()
-	require.NoError(t, sub.Close()) // 2 and 3 wait for the group
+	receive(t, ch) // 2, held
+	require.NoError(t, sub.Close())
 
 	stopWithin(t, mq)
 	q := mq.Stats().Queues[tinymqwatermill.QueueName("t", "g")]
 	assert.Equal(t, uint64(1), q.Succeeded)
-	assert.Equal(t, uint64(2), q.Dropped)
+	assert.Equal(t, uint64(1), q.Dropped, "2, held by the closed subscription's consumer call")
+	assert.Equal(t, uint64(1), q.Undelivered, "3, waiting in the queue")
+	assert.Equal(t, 0, q.Consumers)
 }
 
 func TestStopDeliversToAttachedSubscriptions(t *testing.T) {
@@ -65,7 +75,7 @@ func TestStopWithUnreadSubscription(t *testing.T) {
 			require.NoError(t, pub.Publish("t", msg("1"), msg("2")))
 
 			stopWithin(t, mq) // nobody reads ch
-			assert.Equal(t, uint64(2), mq.Stats().Queues[tinymqwatermill.QueueName("t", group)].Dropped)
+			assert.Equal(t, uint64(2), queueStats(t, mq, "t", group).Dropped)
 			require.NoError(t, sub.Close())
 			requireClosed(t, ch)
 		})
@@ -89,7 +99,7 @@ func TestStopWithSubscriptionThatAlwaysNacks(t *testing.T) {
 			require.NoError(t, pub.Publish("t", msg("1")))
 
 			stopWithin(t, mq)
-			assert.Equal(t, uint64(1), mq.Stats().Queues[tinymqwatermill.QueueName("t", group)].Dropped)
+			assert.Equal(t, uint64(1), queueStats(t, mq, "t", group).Dropped)
 			require.NoError(t, sub.Close())
 			<-nacked
 		})
@@ -119,18 +129,53 @@ func TestStopWaitsForAHandlerShutdownCancelsIt(t *testing.T) {
 	requireClosed(t, ch)
 }
 
-func TestStopReportsNoSubscriber(t *testing.T) {
+// A message that a subscription left unread is dropped with ErrNoSubscriber,
+// and the log names it; what waits in a group's queue with no subscription
+// is logged as not delivered, with the queue's name.
+func TestStopLogsWhatItCannotDeliver(t *testing.T) {
 	rec := &recorder{}
 	mq := startMQ(t, tinymq.WithLogger(rec.logger()))
 	pub := newPublisher(t, mq, tinymqwatermill.PublisherConfig{})
-	sub := newSubscriber(t, mq, tinymqwatermill.SubscriberConfig{ConsumerGroup: "g"})
-	require.NoError(t, sub.SubscribeInitialize("t"))
+	reader := newSubscriber(t, mq, tinymqwatermill.SubscriberConfig{ConsumerGroup: "unread"})
+	subscribe(t, reader, "t")
+	waiting := newSubscriber(t, mq, tinymqwatermill.SubscriberConfig{ConsumerGroup: "none"})
+	require.NoError(t, waiting.SubscribeInitialize("t"))
 	m := msg("1")
 	require.NoError(t, pub.Publish("t", m))
 
 	stopWithin(t, mq)
 	errs := rec.errors()
-	require.NotEmpty(t, errs)
+	require.Len(t, errs, 1)
 	assert.Contains(t, errs[0], tinymqwatermill.ErrNoSubscriber.Error())
 	assert.Contains(t, errs[0], m.UUID)
+	assert.Contains(t, rec.queues("not delivered"), tinymqwatermill.QueueName("t", "none"))
+	assert.Equal(t, uint64(1), mq.Stats().Queues[tinymqwatermill.QueueName("t", "none")].Undelivered)
+}
+
+// queueStats returns the stats of topic's queue for group, or, without a
+// group, of the topic's only broadcast subscription's queue.
+func queueStats(t *testing.T, mq *tinymq.MQ, topic, group string) tinymq.QueueStats {
+	t.Helper()
+	if group != "" {
+		return mq.Stats().Queues[tinymqwatermill.QueueName(topic, group)]
+	}
+	qs := broadcastQueues(mq, topic)
+	require.Len(t, qs, 1, "broadcast queues of %q", topic)
+	for _, q := range qs {
+		return q
+	}
+	return tinymq.QueueStats{}
+}
+
+// broadcastQueues returns the stats of the queues of topic's broadcast
+// subscriptions, by name.
+func broadcastQueues(mq *tinymq.MQ, topic string) map[string]tinymq.QueueStats {
+	prefix := tinymqwatermill.QueueName(topic, "") + " #"
+	qs := make(map[string]tinymq.QueueStats)
+	for name, q := range mq.Stats().Queues {
+		if strings.HasPrefix(name, prefix) {
+			qs[name] = q
+		}
+	}
+	return qs
 }

@@ -13,23 +13,25 @@ import (
 // a consumer group.
 type SubscriberConfig struct {
 	// ConsumerGroup names the TinyMQ queue this Subscriber's subscriptions to
-	// a topic take messages from. Subscriptions of one group, from any
-	// Subscribers of the same MQ, compete: each message goes to one of them.
-	// Every group gets every message. The queue lives as long as the MQ:
-	// messages published while no subscription of the group is open wait for
-	// the next one (see SubscribeInitialize).
+	// a topic take messages from (see QueueName). Subscriptions of one group,
+	// from any Subscribers of the same MQ, compete: each message goes to one
+	// of them. Every group gets every message. The queue is declared by the
+	// group's first Subscribe (or SubscribeInitialize) and lives as long as
+	// the MQ, unless deleted with tinymq.MQ.DeleteQueue: messages published
+	// while no subscription of the group is open wait in it for the next one.
 	//
 	// With no group, a subscription gets every message published to the topic
-	// while it is open, and the messages published while nobody listens are
-	// dropped (see PublisherConfig.FailUnroutable).
+	// while it is open, from a queue of its own that it deletes when it
+	// closes; the messages published while nobody listens are dropped (see
+	// PublisherConfig.FailUnroutable).
 	ConsumerGroup string
 
 	// Concurrency is the number of TinyMQ workers of a consumer group's queue:
 	// how many of the group's messages may be in subscriptions at once.
 	// Default 1, which delivers in publish order (a nacked message is
-	// redelivered before the next one); above 1 there is no order. It applies
-	// when this Subscriber creates the group's queue on the topic, and is
-	// ignored when the queue exists already, and without a group.
+	// redelivered before the next one); above 1 there is no order. The first
+	// Subscriber of the MQ to subscribe to the topic with the group sets it;
+	// later ones are ignored, and so is it without a group.
 	Concurrency int
 }
 
@@ -41,8 +43,8 @@ type SubscriberConfig struct {
 // broadcast message to every open subscription of its topic. A Nack
 // redelivers it to the same subscription before any later message; a group
 // subscription that closes before its Ack leaves the message to another one
-// of the group. Delivery is at least once, and ordered with the default
-// Concurrency.
+// of the group, or to the group's next subscription. Delivery is at least
+// once, and ordered with the default Concurrency.
 type Subscriber struct {
 	mq      *tinymq.MQ
 	reg     *registry
@@ -87,84 +89,89 @@ func NewSubscriber(mq *tinymq.MQ, cfg SubscriberConfig) (*Subscriber, error) {
 // consumers' context does (MQ.Shutdown); it carries ctx's values.
 //
 // The subscription ends, and the channel is closed, when ctx is cancelled or
-// the Subscriber closed; a message it held unacked then goes to another
-// subscription of the group (without a group, it goes with it). Subscribe does not block on consumers. It may be called
-// before the MQ starts (messages flow from MQ.Start). It returns ErrClosed
-// after Close, an error wrapping tinymq.ErrStopped once the MQ stops, and
-// TinyMQ's error when the topic cannot be a fanout exchange (empty, or another
-// kind of exchange already has the name).
+// the Subscriber closed: its TinyMQ consumer is cancelled
+// (tinymq.Subscription.Cancel). A group subscription leaves what it had not
+// acked to the group: the messages its consumer had not begun go back to the
+// head of the queue, and a message it held, or was about to be handed, goes
+// to another subscription of the group, or first to the group's next one. A
+// broadcast subscription's queue is deleted, with the messages still in it
+// for that subscription (counted in tinymq.Stats.Deleted and logged).
+//
+// Subscribe does not block on consumers. It may be called before the MQ
+// starts (messages flow from MQ.Start). It returns ErrClosed after Close, an
+// error wrapping tinymq.ErrStopped once the MQ stops, and TinyMQ's error when
+// the topic cannot be a fanout exchange (empty, or another kind of exchange
+// already has the name).
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", tinymq.ErrInvalidOption)
 	}
-	d, err := s.dispatcher(topic)
-	if err != nil {
+	if err := s.check(); err != nil {
 		return nil, err
 	}
-	sub := &subscription{d: d, out: make(chan *message.Message), done: make(chan struct{})}
-	if d.group == "" {
-		sub.inbox = make(chan *delivery)
+	var d *dispatcher
+	if s.cfg.ConsumerGroup == "" {
+		d = s.reg.broadcast(topic)
+	} else {
+		d = s.reg.group(topic, s.cfg.ConsumerGroup, s.cfg.Concurrency)
 	}
+	if err := s.mq.DeclareQueue(d.queue, topic, tinymq.Fanout); err != nil {
+		return nil, fmt.Errorf("tinymqwatermill: subscribe to %q: %w", topic, err)
+	}
+	sub := &subscription{d: d, mq: s.mq, out: make(chan *message.Message)}
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
 	sub.stopAfter = context.AfterFunc(s.closing, sub.cancel)
 
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		sub.stopAfter()
-		sub.cancel()
+		sub.end()
 		return nil, ErrClosed
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	d.attach(sub)
+	if err := d.attach(s.mq); err != nil {
+		sub.end()
+		s.wg.Done()
+		return nil, err
+	}
 	go sub.run(&s.wg)
 	return sub.out, nil
 }
 
-// SubscribeInitialize creates the consumer group's queue on topic, so that
+// SubscribeInitialize declares the consumer group's queue on topic, so that
 // the messages published from now on wait for the group's first subscription;
 // without a group it only declares the topic's exchange. It does not block,
 // and returns the errors Subscribe returns.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	var err error
 	if s.cfg.ConsumerGroup == "" {
-		if err := s.check(); err != nil {
-			return err
-		}
-		if err := s.mq.DeclareExchange(topic, tinymq.Fanout); err != nil {
-			return fmt.Errorf("tinymqwatermill: initialize %q: %w", topic, err)
-		}
-		return nil
+		err = s.mq.DeclareExchange(topic, tinymq.Fanout)
+	} else {
+		err = s.mq.DeclareQueue(QueueName(topic, s.cfg.ConsumerGroup), topic, tinymq.Fanout)
 	}
-	_, err := s.dispatcher(topic)
-	return err
-}
-
-// check returns ErrClosed after Close, and tinymq.ErrStopped once the MQ stops.
-func (s *Subscriber) check() error {
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
-		return ErrClosed
-	}
-	if s.reg.stopping(s.mq) {
-		return fmt.Errorf("tinymqwatermill: subscribe: %w", tinymq.ErrStopped)
+	if err != nil {
+		return fmt.Errorf("tinymqwatermill: initialize %q: %w", topic, err)
 	}
 	return nil
 }
 
-// dispatcher returns the dispatcher of topic for this Subscriber's group.
-func (s *Subscriber) dispatcher(topic string) (*dispatcher, error) {
-	if err := s.check(); err != nil {
-		return nil, err
+// check returns ErrClosed after Close.
+func (s *Subscriber) check() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
 	}
-	return s.reg.dispatcher(s.mq, topic, s.cfg.ConsumerGroup, s.cfg.Concurrency)
+	return nil
 }
 
 // Close ends every subscription, closes their channels and waits for their
-// goroutines; a message a group subscription held unacked goes back to the
-// group. Later calls to Subscribe return ErrClosed. It does not
+// goroutines; a group subscription leaves what it had not acked to the group
+// (see Subscribe). Later calls to Subscribe return ErrClosed. It does not
 // stop the MQ, and the queues of consumer groups keep their messages. Close
 // blocks only until the subscriptions' goroutines return, which they do at
 // once, before or after the MQ stops. It is idempotent and safe to call
@@ -183,29 +190,36 @@ func (s *Subscriber) Close() error {
 // dispatcher and handing them to the reader of out.
 type subscription struct {
 	d         *dispatcher
+	mq        *tinymq.MQ
 	ctx       context.Context // Subscribe's ctx, also cancelled by Subscriber.Close
 	cancel    context.CancelFunc
 	stopAfter func() bool
 	out       chan *message.Message
-	inbox     chan *delivery // broadcast: where the dispatcher offers deliveries
-	done      chan struct{}  // closed when run returns
+}
+
+// end releases the contexts of a subscription that never ran, and deletes a
+// broadcast subscription's queue.
+func (s *subscription) end() {
+	s.stopAfter()
+	s.cancel()
+	if s.d.private {
+		_, _ = s.mq.DeleteQueue(s.d.queue)
+	}
 }
 
 func (s *subscription) run(wg *sync.WaitGroup) {
 	defer func() {
-		s.d.detach(s)
 		s.stopAfter()
 		s.cancel()
-		close(s.done)
+		s.d.detach(s.mq) // no consumer call sends to s after this
 		close(s.out)
 		wg.Done()
 	}()
-	src := s.d.source(s)
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
-		case del := <-src:
+		case del := <-s.d.handoff:
 			if !s.deliver(del) {
 				return
 			}
@@ -217,7 +231,7 @@ func (s *subscription) run(wg *sync.WaitGroup) {
 // when the subscription has ended.
 func (s *subscription) deliver(del *delivery) bool {
 	if s.ctx.Err() != nil {
-		del.result <- reply{s, returned}
+		del.result <- returned
 		return false
 	}
 	msg := del.message()
@@ -230,25 +244,25 @@ func (s *subscription) deliver(del *delivery) bool {
 	select {
 	case s.out <- msg:
 	case <-s.ctx.Done():
-		del.result <- reply{s, returned}
+		del.result <- returned
 		return false
 	case <-del.withdraw:
-		del.result <- reply{s, returned}
+		del.result <- returned
 		return true
 	case <-del.ctx.Done():
-		del.result <- reply{s, returned}
+		del.result <- returned
 		return true
 	}
 	select {
 	case <-msg.Acked():
-		del.result <- reply{s, acked}
+		del.result <- acked
 	case <-msg.Nacked():
-		del.result <- reply{s, nacked}
+		del.result <- nacked
 	case <-s.ctx.Done():
-		del.result <- reply{s, settled(msg)}
+		del.result <- settled(msg)
 		return false
 	case <-del.ctx.Done():
-		del.result <- reply{s, settled(msg)}
+		del.result <- settled(msg)
 	}
 	return true
 }
