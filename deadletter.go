@@ -2,6 +2,7 @@ package tinymq
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -147,4 +148,148 @@ func isCycle(deaths []Death, queue string) bool {
 		}
 	}
 	return false
+}
+
+// ReplayDeadLetters moves up to n messages from the head of the queue
+// (typically one that a dead-letter exchange routes to) back to where they
+// died: each is published to the exchange and routing key of its newest
+// death record ([Msg].Deaths[0]), with its data, headers and death records,
+// as a shovel moves dead letters back once the bug that killed them is
+// fixed. Each move is all or nothing, as a Publish is, and atomic: the
+// message is in exactly one of the two places, also across a crash when
+// both are durable queues (the source's acknowledgement is in the record
+// that publishes the copy). The copy gets a new ID from the exchange; the
+// source counts it in [QueueStats].Replayed. A message that cannot be moved
+// (its exchange is gone, a queue refuses it) stops the replay: it and those
+// behind it stay, in order, and the error says why; a message with no death
+// record stays where it is, the replay goes on past it, and the error wraps
+// [ErrNoDeath]. It returns how many messages moved. It blocks while a
+// durable move's record is written. It returns [ErrUnknownQueue] for a queue
+// that does not exist, [ErrInvalidOption] for a negative n, and
+// [ErrStopped] once Stop has begun. An [Engine] refuses it with
+// [ErrUnsupported].
+func (m *MQ) ReplayDeadLetters(queue string, n int) (int, error) {
+	m.init()
+	if n < 0 {
+		return 0, fmt.Errorf("%w: ReplayDeadLetters of %d messages", ErrInvalidOption, n)
+	}
+	m.mu.RLock()
+	stopping := m.state >= stateStopping
+	q := m.queues[queue]
+	m.mu.RUnlock()
+	switch {
+	case stopping:
+		return 0, ErrStopped
+	case q == nil:
+		return 0, fmt.Errorf("%w: %q", ErrUnknownQueue, queue)
+	case m.engine != nil:
+		return 0, fmt.Errorf("%w: ReplayDeadLetters", ErrUnsupported)
+	}
+	moved := 0
+	var kept []entry // messages with no death record, in order, to put back
+	var err error
+	for moved+len(kept) < n {
+		e, ok := q.takeHead()
+		if !ok {
+			break
+		}
+		msg := e.msg(q.name)
+		if msg.x != nil && msg.x.unread {
+			if msg = msg.clone(); m.dur.read(msg) != nil {
+				q.putBack([]entry{e}) // the log failed: it stays, unread
+				err = fmt.Errorf("%w: reading a message of %q", ErrLog, q.name)
+				break
+			}
+		}
+		if len(msg.Deaths) == 0 {
+			kept = append(kept, e)
+			continue
+		}
+		d := msg.Deaths[0]
+		var src *deadSource
+		if k := msg.dkey(); k != "" {
+			src = &deadSource{queue: q.name, key: k}
+		}
+		r := records{data: msg.Data, pc: publishConfig{routingKey: d.RoutingKey, headers: msg.Headers}, deaths: msg.Deaths}
+		_, perr := m.publish(d.Exchange, &r, &deadLetter{src: src, replay: true})
+		settleEvicted(r.evicted)
+		if perr != nil {
+			q.putBack([]entry{e})
+			err = fmt.Errorf("replaying message %d of %q to exchange %q: %w", msg.ID, q.name, d.Exchange, perr)
+			break
+		}
+		m.dur.ackUnmoved(src)
+		q.c.replayed.Add(1)
+		q.doneHead()
+		moved++
+	}
+	if len(kept) > 0 {
+		q.putBack(kept)
+		err = errors.Join(err, fmt.Errorf("%w: %d messages of %q stayed", ErrNoDeath, len(kept), q.name))
+	}
+	if moved > 0 {
+		m.logAttrs(slog.LevelInfo, "tinymq: dead letters replayed", func(a []slog.Attr) []slog.Attr {
+			return append(a, slog.String("queue", q.name), slog.Int("count", moved))
+		})
+	}
+	return moved, err
+}
+
+// takeHead takes the head of the queue for ReplayDeadLetters, as a worker
+// takes a message: it counts as begun, and the queue as busy (so that a
+// stopping MQ waits for it) until doneHead or putBack. It reports false when
+// nothing waits, or the queue was deleted or aborted.
+func (q *queue) takeHead() (entry, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return entry{}, false
+	}
+	q.giveBackLocked(q.workers)
+	if q.buf.n == 0 {
+		return entry{}, false
+	}
+	e := q.popLocked()
+	q.busy++
+	q.freeRoomLocked()
+	return e, true
+}
+
+// doneHead ends what takeHead began, for a message that left the queue.
+func (q *queue) doneHead() {
+	q.mu.Lock()
+	q.busy--
+	q.reportIfQuiescentLocked()
+	q.mu.Unlock()
+}
+
+// putBack returns what takeHead took to the head of the queue, in order: they
+// enter it again, as a retry does. A queue deleted or aborted meanwhile could
+// not count them (they were begun), so it counts them now: removed, or
+// undelivered.
+func (q *queue) putBack(es []entry) {
+	q.mu.Lock()
+	q.busy -= len(es)
+	switch {
+	case q.gone:
+		q.c.removed.Add(uint64(len(es)))
+		for i := range es {
+			if k := es[i].dkey(); k != "" {
+				defer q.mq.dur.ack(q.name, k, nil) // once q.mu is released
+			}
+		}
+	case q.aborted:
+		q.c.undelivered.Add(uint64(len(es)))
+		q.abortLost += uint64(len(es))
+	default:
+		for i := len(es) - 1; i >= 0; i-- {
+			q.buf.pushFront(es[i])
+		}
+		q.entered += uint64(len(es))
+	}
+	wake := !q.paused && q.wakeIfWaitingLocked()
+	expiry := q.armExpiryLocked()
+	q.reportIfQuiescentLocked()
+	q.mu.Unlock()
+	q.wakeAfter(wake, expiry)
 }

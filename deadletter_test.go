@@ -377,3 +377,147 @@ func TestDeadLetterRefusedByOneFullQueueReachesTheOthers(t *testing.T) {
 	close(release)
 	m.Stop()
 }
+
+// parked is an MQ whose queue "work" (exchange "jobs", direct, key "job")
+// fails every message while broken is set, dead-lettering it to "dlx" and
+// its consumer-less queue "dlq"; done receives what "work" handled.
+func parked(t *testing.T, broken *atomic.Bool, opts ...tinymq.Option) (m *tinymq.MQ, done chan *tinymq.Msg) {
+	t.Helper()
+	m = tinymq.New(append([]tinymq.Option{quiet()}, opts...)...)
+	done = make(chan *tinymq.Msg, 100)
+	require.NoError(t, m.DeclareQueue("dlq", "dlx", tinymq.Fanout))
+	require.NoError(t, m.RegisterQueue("jobs", tinymq.Direct, func(_ context.Context, msg *tinymq.Msg) error {
+		if broken.Load() {
+			return tinymq.Permanent(errors.New("bug"))
+		}
+		done <- msg
+		return nil
+	}, 1, tinymq.WithQueueName("work"), tinymq.WithBindingKey("job"), tinymq.WithDeadLetter("dlx", "")))
+	return m, done
+}
+
+func TestReplayMovesDeadLettersBackToWhereTheyDied(t *testing.T) {
+	var broken atomic.Bool
+	broken.Store(true)
+	m, done := parked(t, &broken)
+	require.NoError(t, m.Start(context.Background()))
+	for i := range 4 {
+		require.NoError(t, m.Publish("jobs", i, tinymq.WithRoutingKey("job"), tinymq.WithHeaders(map[string]any{"n": int64(i)})))
+	}
+	require.Eventually(t, func() bool { return m.Stats().Queues["dlq"].Depth == 4 }, wait, time.Millisecond)
+
+	broken.Store(false) // the bug is fixed
+	n, err := m.ReplayDeadLetters("dlq", 3)
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	for i, msg := range recv(t, done, 3) {
+		assert.Equal(t, i, msg.Data, "in order")
+		assert.Equal(t, "job", msg.RoutingKey, "the routing key it died with")
+		assert.Equal(t, int64(i), msg.Headers["n"])
+		require.Len(t, msg.Deaths, 1, "its death records come along")
+		assert.Equal(t, "work", msg.Deaths[0].Queue)
+	}
+	dlq := m.Stats().Queues["dlq"]
+	assert.Equal(t, 1, dlq.Depth, "one stays")
+	assert.Equal(t, uint64(3), dlq.Replayed)
+	n, err = m.ReplayDeadLetters("dlq", 10)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	recv(t, done, 1)
+	stopWithin(t, m)
+	st := m.Stats()
+	assertLedger(t, "dlq", st.Queues["dlq"])
+	assertLedger(t, "work", st.Queues["work"])
+	assert.Equal(t, uint64(4), st.Queues["work"].Succeeded)
+	assert.Equal(t, uint64(4), st.Queues["dlq"].Replayed)
+}
+
+func TestReplayLeavesWhatCannotMove(t *testing.T) {
+	var broken atomic.Bool
+	broken.Store(true)
+	m, done := parked(t, &broken)
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("dlx", "no death record"))
+	require.NoError(t, m.Publish("jobs", 1, tinymq.WithRoutingKey("job")))
+	require.NoError(t, m.Publish("jobs", 2, tinymq.WithRoutingKey("job")))
+	require.Eventually(t, func() bool { return m.Stats().Queues["dlq"].Depth == 3 }, wait, time.Millisecond)
+
+	broken.Store(false)
+	require.NoError(t, m.DeleteExchange("jobs")) // nowhere to go back to, for now
+	n, err := m.ReplayDeadLetters("dlq", 10)
+	assert.Zero(t, n)
+	assert.ErrorIs(t, err, tinymq.ErrUnknownExchange, "the first dead letter cannot move")
+	assert.ErrorIs(t, err, tinymq.ErrNoDeath, "and the message without a death record is reported")
+	peeked, err := m.Peek("dlq", 10)
+	require.NoError(t, err)
+	require.Len(t, peeked, 3, "nothing moved, nothing lost")
+	assert.Equal(t, "no death record", peeked[0].Data, "in their order")
+	assert.Equal(t, 1, peeked[1].Data)
+
+	require.NoError(t, m.DeclareExchange("jobs", tinymq.Direct))
+	require.NoError(t, m.Bind("work", "jobs", tinymq.Direct, tinymq.WithBindingKey("job")))
+	n, err = m.ReplayDeadLetters("dlq", 10)
+	assert.Equal(t, 2, n, "past the message with no death record")
+	assert.ErrorIs(t, err, tinymq.ErrNoDeath)
+	recv(t, done, 2)
+	peeked, err = m.Peek("dlq", 10)
+	require.NoError(t, err)
+	require.Len(t, peeked, 1)
+	assert.Equal(t, "no death record", peeked[0].Data, "it stays where it is")
+	stopWithin(t, m)
+}
+
+func TestReplayRefusesBadInput(t *testing.T) {
+	m := tinymq.New(quiet())
+	_, err := m.ReplayDeadLetters("nope", 1)
+	assert.ErrorIs(t, err, tinymq.ErrUnknownQueue)
+	require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout))
+	_, err = m.ReplayDeadLetters("q", -1)
+	assert.ErrorIs(t, err, tinymq.ErrInvalidOption)
+	n, err := m.ReplayDeadLetters("q", 5)
+	assert.NoError(t, err, "an empty queue has nothing to move")
+	assert.Zero(t, n)
+	m.Stop()
+	_, err = m.ReplayDeadLetters("q", 1)
+	assert.ErrorIs(t, err, tinymq.ErrStopped)
+}
+
+func TestReplayOfADurableDeadLetterIsOneMove(t *testing.T) {
+	dir := t.TempDir()
+	var broken atomic.Bool
+	broken.Store(true)
+	durable := func(m *tinymq.MQ) {
+		require.NoError(t, m.DeclareQueue("dlq", "dlx", tinymq.Fanout, tinymq.WithDurable()))
+		require.NoError(t, m.DeclareQueue("work", "jobs", tinymq.Direct, tinymq.WithDurable(), tinymq.WithBindingKey("job"),
+			tinymq.WithDeadLetter("dlx", "")))
+	}
+	m := tinymq.New(quiet(), tinymq.WithDataDir(dir))
+	durable(m)
+	_, err := m.Consume("work", func(context.Context, *tinymq.Msg) error { return tinymq.Permanent(errors.New("bug")) }, 1)
+	require.NoError(t, err)
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("jobs", 7, tinymq.WithRoutingKey("job")))
+	require.Eventually(t, func() bool { return m.Stats().Queues["dlq"].Depth == 1 }, wait, time.Millisecond)
+	stopWithin(t, m)
+
+	// After a restart, with no consumer on "work": the replay moves the
+	// message from one durable queue to the other.
+	m = tinymq.New(quiet(), tinymq.WithDataDir(dir))
+	durable(m)
+	n, err := m.ReplayDeadLetters("dlq", 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	stopWithin(t, m)
+
+	m = tinymq.New(quiet(), tinymq.WithDataDir(dir))
+	durable(m)
+	st := m.Stats().Queues
+	assert.Equal(t, 0, st["dlq"].Depth, "gone from the dead-letter queue")
+	assert.Equal(t, 1, st["work"].Depth, "and in its queue again, once")
+	got, err := m.Peek("work", 1)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Len(t, got[0].Deaths, 1)
+	assert.Equal(t, tinymq.ReasonRejected, got[0].Deaths[0].Reason)
+	stopWithin(t, m)
+}

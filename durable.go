@@ -1,10 +1,12 @@
 package tinymq
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -21,17 +23,28 @@ var walFaults *wal.Faults
 const idBlock = 4096
 
 // durableLog is an MQ's write-ahead log and what it knows of it.
+//
+// Records that must follow one another in the log in the order of the
+// changes they record (a declaration, a delete's tombstone, a purge) are
+// ordered with CommitAsync while d.mu is held, and a caller that must wait
+// for them then calls Sync without it: the log keeps the order of
+// CommitAsync calls, while a Commit may be overtaken by a later CommitAsync.
 type durableLog struct {
+	m     *MQ
 	log   *wal.Log
 	logs  *walLogger // what the log reports, to the MQ's logger
 	codec Codec
 
 	mu        sync.Mutex
-	refs      map[string]*msgRefs       // message key -> the durable queues still holding it
-	recovered map[string][]recoveredMsg // queue -> its messages found on disk, not yet registered
-	seqs      map[string]uint64         // exchange -> IDs reserved before this run
+	refs      map[string]*msgRefs          // message key -> the durable queues still holding it
+	recovered map[string][]recoveredMsg    // queue -> its messages found on disk, not yet registered
+	seqs      map[string]uint64            // exchange -> IDs reserved before this run
+	tombs     map[string]map[string]uint64 // queue -> the d/ tombstone this run wrote for it (see deleteQueue)
+	decls     map[string][]byte            // durable queue -> its q/ record in the log (see declared)
 
-	garbage []garbage // messages that recover found no queue holding, for collect
+	garbage     []garbage // messages that recover found no queue holding, for collect
+	garbageKeys []string  // and keys that no longer matter: tombstones, a/ and s/ keys of messages gone
+	tombAcks    []string  // a/ keys that replace the tombstones for the messages that stay, for collect
 
 	idsFailed atomic.Bool // a reservation of IDs failed: the log has failed, none is tried again
 	idsWarned atomic.Bool // and that was logged (once)
@@ -53,12 +66,17 @@ type garbage struct {
 	queues []string
 }
 
-// collect deletes the garbage that recover found, without waiting.
+// collect deletes the garbage that recover found, and puts the a/ keys that
+// replace the tombstones, in one batch, without waiting. A collection lost
+// in a crash is made again by the next recovery.
 func (d *durableLog) collect() {
-	if len(d.garbage) == 0 {
+	if len(d.garbage) == 0 && len(d.garbageKeys) == 0 && len(d.tombAcks) == 0 {
 		return
 	}
 	var b wal.Batch
+	for _, k := range d.tombAcks {
+		b.Put([]byte(k), nil)
+	}
 	for _, g := range d.garbage {
 		b.Delete([]byte(g.key))
 		for _, q := range g.queues {
@@ -66,7 +84,10 @@ func (d *durableLog) collect() {
 			b.Delete(queueKey("s/", q, g.key))
 		}
 	}
-	d.garbage = nil
+	for _, k := range d.garbageKeys {
+		b.Delete([]byte(k))
+	}
+	d.garbage, d.garbageKeys, d.tombAcks = nil, nil, nil
 	_ = d.log.CommitAsync(&b)
 }
 
@@ -106,8 +127,9 @@ func (m *MQ) openLog() error {
 		}
 		return err
 	}
-	d := &durableLog{log: l, logs: wl, codec: m.codec, refs: make(map[string]*msgRefs),
-		recovered: make(map[string][]recoveredMsg), seqs: make(map[string]uint64)}
+	d := &durableLog{m: m, log: l, logs: wl, codec: m.codec, refs: make(map[string]*msgRefs),
+		recovered: make(map[string][]recoveredMsg), seqs: make(map[string]uint64),
+		tombs: make(map[string]map[string]uint64), decls: make(map[string][]byte)}
 	if err := d.recover(); err != nil {
 		_ = l.Close()
 		return fmt.Errorf("%w: reading %s: %w", ErrLog, m.dataDir, err)
@@ -136,6 +158,17 @@ func (m *MQ) openLog() error {
 // one queue, never acknowledged or retried) gets a refs entry or a map
 // lookup. Each queue's list is sorted unless it is already in order, as it
 // mostly is in the log.
+//
+// It also reads the declarations of durable queues (q/) and the tombstones
+// of deleted ones (d/), and applies the tombstones: a message that a deleted
+// queue held is not that queue's, as if the queue had acknowledged it. It
+// leaves for collect what no longer matters: the messages that no queue
+// holds any more, every tombstone, replaced by the a/ keys of the deleted
+// queue for the messages it covers that another queue still holds (no
+// message can come later for a tombstone to cover: a queue of that name
+// declared after the delete gets higher IDs), and the a/ and s/ keys of
+// messages that are gone (an acknowledgement ordered after the last one,
+// which deleted the message, leaves one).
 func (d *durableLog) recover() error {
 	type logged struct {
 		key         string // the log index's own string
@@ -195,6 +228,12 @@ func (d *durableLog) recover() error {
 				tombs = make(map[string]map[string]uint64)
 			}
 			tombs[k[2:]] = up
+		case "q/":
+			if _, err := decodeQueueRecord(k[2:], v); err != nil {
+				bad = err
+				return false
+			}
+			d.decls[k[2:]] = slices.Clone(v)
 		}
 		return true
 	})
@@ -204,10 +243,13 @@ func (d *durableLog) recover() error {
 	if bad != nil {
 		return bad
 	}
+	var tombed map[string][]string // message key -> the deleted queues whose tombstone acknowledged it
 	if len(tombs) > 0 {
 		// A deleted queue's messages from before its delete are not its
 		// own: as if it had acknowledged them. One that no queue holds any
-		// more is garbage, deleted once the log is open.
+		// more is garbage, deleted once the log is open; one that another
+		// queue holds gets the a/ key, and the tombstone goes.
+		tombed = make(map[string][]string)
 		for i := range msgs {
 			e := &msgs[i]
 			ex, id, ok := parseMsgKey(e.key)
@@ -217,8 +259,12 @@ func (d *durableLog) recover() error {
 			for _, q := range e.queues {
 				if up, ok := tombs[q][ex]; ok && id <= up && !slices.Contains(acked[e.key], q) {
 					acked[e.key] = append(acked[e.key], q)
+					tombed[e.key] = append(tombed[e.key], q)
 				}
 			}
+		}
+		for q := range tombs {
+			d.garbageKeys = append(d.garbageKeys, "d/"+q)
 		}
 	}
 	// Each queue's messages go into one slice, sized first.
@@ -260,6 +306,10 @@ func (d *durableLog) recover() error {
 	seqsOf := func(exch string, id uint64) { d.seqs[exch] = max(d.seqs[exch], id) }
 	var exch string // the exchange of the run of messages before, and its highest ID
 	var top uint64
+	var found map[string]bool // messages with a/ or s/ keys: the others' keys are garbage
+	if len(acked) > 0 || len(states) > 0 {
+		found = make(map[string]bool, max(len(acked), len(states)))
+	}
 	for i := range msgs {
 		e := &msgs[i]
 		k := e.key
@@ -282,6 +332,9 @@ func (d *durableLog) recover() error {
 		if len(states) > 0 {
 			st = states[k]
 		}
+		if ak != nil || st != nil {
+			found[k] = true
+		}
 		pending := 0
 		for j, l := range listsOf(e.queues) {
 			if q := e.queues[j]; !slices.Contains(ak, q) {
@@ -297,6 +350,9 @@ func (d *durableLog) recover() error {
 			d.garbage = append(d.garbage, garbage{key: k, queues: e.queues})
 			continue
 		}
+		for _, q := range tombed[k] {
+			d.tombAcks = append(d.tombAcks, string(queueKey("a/", q, k)))
+		}
 		// A message of one queue, never acknowledged by another nor retried,
 		// needs no refs entry: ack and saveState take a missing one for that.
 		if pending != 1 || len(ak) > 0 || len(st) > 0 {
@@ -309,6 +365,20 @@ func (d *durableLog) recover() error {
 	}
 	if top != 0 {
 		seqsOf(exch, top)
+	}
+	for mk, qs := range acked {
+		if !found[mk] {
+			for _, q := range qs {
+				d.garbageKeys = append(d.garbageKeys, string(queueKey("a/", q, mk)))
+			}
+		}
+	}
+	for mk, st := range states {
+		if !found[mk] {
+			for q := range st {
+				d.garbageKeys = append(d.garbageKeys, string(queueKey("s/", q, mk)))
+			}
+		}
 	}
 	byPublished := func(a, b recoveredMsg) int {
 		if c := cmpInt64(a.publishedAt, b.publishedAt); c != 0 {
@@ -478,23 +548,7 @@ func (d *durableLog) ackUnmoved(src *deadSource) {
 // log without waiting for a sync.
 func (d *durableLog) ack(queue, key string, b *wal.Batch) {
 	d.mu.Lock()
-	r := d.refs[key]
-	if r == nil {
-		r = &msgRefs{pending: 1}
-	}
-	last := r.pending <= 1
-	stated := slices.Contains(r.stated, queue)
-	var acked, states []string
-	if last {
-		acked, states = r.acked, r.stated
-		delete(d.refs, key)
-	} else {
-		r.pending--
-		r.acked = append(r.acked, queue)
-		if stated {
-			r.stated = slices.DeleteFunc(r.stated, func(q string) bool { return q == queue })
-		}
-	}
+	a := d.settleLocked(queue, key)
 	d.mu.Unlock()
 	async := b == nil
 	if async {
@@ -502,24 +556,66 @@ func (d *durableLog) ack(queue, key string, b *wal.Batch) {
 		defer putScratch(sc)
 		b = &sc.b
 	}
-	// Only keys that are in the log are deleted: a message that one queue
-	// acknowledges without a retry costs one Delete.
-	if last {
-		b.Delete([]byte(key))
-		for _, q := range acked {
-			b.Delete(queueKey("a/", q, key))
-		}
-		for _, q := range states {
-			b.Delete(queueKey("s/", q, key))
-		}
-	} else {
-		b.Put(queueKey("a/", queue, key), nil)
-		if stated {
-			b.Delete(queueKey("s/", queue, key))
-		}
-	}
+	a.put(b, queue, key)
 	if async {
 		_ = d.log.CommitAsync(b) // a lost acknowledgement means a redelivery
+	}
+}
+
+// ackLocked is ack into b with d.mu held: for the batches that d.mu orders
+// (see durableLog).
+func (d *durableLog) ackLocked(queue, key string, b *wal.Batch) {
+	a := d.settleLocked(queue, key)
+	a.put(b, queue, key)
+}
+
+// settled is what an acknowledgement changes in the log: the message goes
+// (last), with the a/ and s/ keys of acked and states; or the queue's a/ key
+// is put, and its s/ key deleted if stated.
+type settled struct {
+	last          bool
+	stated        bool
+	acked, states []string
+}
+
+// settleLocked counts queue's acknowledgement of the message of key in its
+// refs and returns what the log must record. d.mu is held.
+func (d *durableLog) settleLocked(queue, key string) settled {
+	r := d.refs[key]
+	if r == nil {
+		r = &msgRefs{pending: 1}
+	}
+	a := settled{last: r.pending <= 1, stated: slices.Contains(r.stated, queue)}
+	if a.last {
+		a.acked, a.states = r.acked, r.stated
+		delete(d.refs, key)
+	} else {
+		r.pending--
+		r.acked = append(r.acked, queue)
+		if a.stated {
+			r.stated = slices.DeleteFunc(r.stated, func(q string) bool { return q == queue })
+		}
+	}
+	return a
+}
+
+// put adds to b what a records of queue's acknowledgement of key. Only keys
+// that are in the log are deleted: a message that one queue acknowledges
+// without a retry costs one Delete.
+func (a *settled) put(b *wal.Batch, queue, key string) {
+	if a.last {
+		b.Delete([]byte(key))
+		for _, q := range a.acked {
+			b.Delete(queueKey("a/", q, key))
+		}
+		for _, q := range a.states {
+			b.Delete(queueKey("s/", q, key))
+		}
+		return
+	}
+	b.Put(queueKey("a/", queue, key), nil)
+	if a.stated {
+		b.Delete(queueKey("s/", queue, key))
 	}
 }
 
@@ -541,35 +637,156 @@ func (d *durableLog) saveState(queue, key string, st queueState) {
 	_ = d.log.CommitAsync(&sc.b)
 }
 
-// ackAll records, in one batch that it commits and waits for, that queue is
-// done with the messages of keys: a purge.
+// ackAll records, in one batch, that queue is done with the messages of
+// keys (a purge), and waits until it is durable: an fdatasync, whatever
+// WithSync says. The caller holds no MQ lock. It returns an error wrapping
+// ErrLog if the log did not take the batch: the messages may then come back
+// after a restart.
 func (d *durableLog) ackAll(queue string, keys []string) error {
 	var b wal.Batch
+	d.mu.Lock()
 	for _, k := range keys {
-		d.ack(queue, k, &b)
+		d.ackLocked(queue, k, &b)
 	}
-	if err := d.log.Commit(&b); err != nil {
+	err := d.log.CommitAsync(&b)
+	d.mu.Unlock()
+	return d.synced(err)
+}
+
+// synced waits for the sync of what was ordered before, unless err (of the
+// CommitAsync that ordered it) is already an error; either is wrapped in
+// ErrLog.
+func (d *durableLog) synced(err error) error {
+	if err == nil {
+		err = d.log.Sync()
+	}
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrLog, err)
 	}
 	return nil
 }
 
-// deleteQueue records, in one batch that it commits and waits for, that
-// queue was deleted: its tombstone, which says that no message with an ID
-// up to upTo's (for its exchange) is the queue's any more, so that after a
-// crash the queue's messages in flight at the delete do not come back either;
-// and the acknowledgements of the waiting messages that the delete removed
-// (keys), which frees them now.
+// deleteQueue records, in one batch, that the durable queue was deleted,
+// and waits until that is durable (an fdatasync, whatever WithSync says). The
+// batch holds:
+//
+//   - the queue's tombstone: no message with an ID up to upTo's for its
+//     exchange is the queue's any more, so that after a crash the messages
+//     that were in a consumer (or on their way into the queue) at the delete
+//     do not come back either. upTo is the MQ's IDs when the queue was
+//     deleted (idsUpTo, under the write lock): a queue of that name declared
+//     later only gets higher ones. It is merged with the tombstone of the
+//     queue's earlier delete in this run, if any, so that a queue deleted
+//     twice keeps the higher IDs whichever delete's batch the log takes
+//     last (recover replaces the tombstones of earlier runs by a/ keys);
+//   - the removal of its declaration (q/), unless a durable queue of that
+//     name has been declared since (then the record is that one's);
+//   - the acknowledgements of the waiting messages that the delete removed
+//     (keys), which frees them now.
+//
+// The caller holds no MQ lock: deleteQueue takes the read lock while it
+// orders the batch, so that no queue of that name is declared meanwhile. It
+// returns an error wrapping ErrLog if the log did not take the batch: the
+// queue may then come back after a restart.
 func (d *durableLog) deleteQueue(queue string, keys []string, upTo map[string]uint64) error {
-	var b wal.Batch
-	b.Put(append([]byte("d/"), queue...), encodeTombstone(upTo))
-	for _, k := range keys {
-		d.ack(queue, k, &b)
+	m := d.m
+	m.mu.RLock()
+	redeclared := false
+	if q := m.queues[queue]; q != nil && q.cfg.durable {
+		redeclared = true
 	}
-	if err := d.log.Commit(&b); err != nil {
+	var b wal.Batch
+	d.mu.Lock()
+	tomb := upTo
+	if old := d.tombs[queue]; old != nil {
+		tomb = maps.Clone(upTo)
+		for ex, id := range old {
+			tomb[ex] = max(tomb[ex], id)
+		}
+	}
+	d.tombs[queue] = tomb
+	b.Put(append([]byte("d/"), queue...), encodeTombstone(tomb))
+	if !redeclared {
+		delete(d.decls, queue)
+		b.Delete(append([]byte("q/"), queue...))
+	}
+	for _, k := range keys {
+		d.ackLocked(queue, k, &b)
+	}
+	err := d.log.CommitAsync(&b)
+	d.mu.Unlock()
+	m.mu.RUnlock()
+	return d.synced(err)
+}
+
+// declared records that the durable queue is declared as val (a
+// queueRecord's encoding: see logDeclared), unless the log holds that record
+// already. It orders the record without waiting for it (it becomes durable
+// with the next sync: at the latest that of any durable publish after it),
+// so the caller may hold the MQ's write lock, and holds it in fact (see
+// deleteQueue). It returns an error wrapping ErrLog if the log did not take
+// it.
+func (d *durableLog) declared(queue string, val []byte) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if old, ok := d.decls[queue]; ok && bytes.Equal(old, val) {
+		return nil
+	}
+	d.decls[queue] = val
+	var b wal.Batch
+	b.Put(append([]byte("q/"), queue...), val)
+	if err := d.log.CommitAsync(&b); err != nil {
 		return fmt.Errorf("%w: %w", ErrLog, err)
 	}
 	return nil
+}
+
+// logDeclared records q's declaration in the log, as a q/ record of its
+// settings and of every binding it has now (see queueRecord), when q is a
+// durable queue of an MQ with a log and the record changed; otherwise it does
+// nothing. The MQ calls it whenever a durable queue is created or its
+// bindings change. The caller holds the write lock; the record is ordered
+// without waiting for the disk (see declared). A failure is logged (held for
+// unlock), not returned: the declaration itself has happened, and only a
+// listing after a restart may miss it.
+func (m *MQ) logDeclared(q *queue) {
+	if m.dur == nil || m.engine != nil || !q.cfg.durable || q.gone {
+		return
+	}
+	names := make([]string, 0, len(m.exchanges))
+	for name := range m.exchanges {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var specs []BindingSpec
+	for _, name := range names {
+		for _, s := range m.exchanges[name].bindings {
+			if s.Queue == q.name {
+				specs = append(specs, s)
+			}
+		}
+	}
+	rec := queueRecordOf(q.cfg, specs)
+	if err := m.dur.declared(q.name, rec.encode()); err != nil {
+		m.logHeld(slog.LevelError, "tinymq: the log did not take the declaration of a durable queue; a restart may not list it",
+			slog.String("queue", q.name), slog.String("err", err.Error()))
+	}
+}
+
+// declaredQueues returns, sorted, the durable queues whose declaration the
+// log holds: found at open, or recorded since by logDeclared, and not
+// deleted. Stats lists those that this process has not registered as
+// Unregistered, with the messages the log holds for them (see
+// unregistered), or none.
+func (d *durableLog) declaredQueues() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	names := make([]string, 0, len(d.decls))
+	for name := range d.decls {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // idsUpTo is, for every exchange that has had IDs, the highest one so far:

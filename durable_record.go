@@ -19,11 +19,20 @@ import (
 //	s/<len(queue)><queue><message key>         its state in the queue (retries)
 //	x/<exchange>                               IDs reserved for the exchange
 //	d/<queue>                                  the queue was deleted (a tombstone)
+//	q/<queue>                                  the durable queue is declared: its settings and bindings
 //
 // A message's value lists the durable queues it was routed to; it is deleted,
-// with its a/ and s/ keys, when the last of them acknowledges it. Values start
-// with a format version byte. Header values keep their exact Go type, so that
-// a consumer sees the same Msg before and after a restart.
+// with its a/ and s/ keys, when the last of them acknowledges it. A d/ value
+// maps each exchange to the highest message ID it had stamped when the queue
+// was deleted: no message of that exchange up to that ID is the queue's any
+// more (a queue of that name declared later gets higher IDs only). The
+// delete writes it in one batch with the removal of the queue's q/ record
+// and the acknowledgements of its waiting messages. Recovery deletes what no
+// longer matters (see durableLog.recover): messages that no queue holds,
+// tombstones that no message is left for, and a/ and s/ keys whose message
+// is gone. Values start with a format version byte. Header values keep their
+// exact Go type, so that a consumer sees the same Msg before and after a
+// restart.
 
 const recordVersion = 1
 
@@ -605,4 +614,158 @@ func decodeTombstone(v []byte) (map[string]uint64, error) {
 		return nil, errBadRecord
 	}
 	return up, nil
+}
+
+// queueRecord is a declared durable queue as its q/ record keeps it: what
+// DeclareQueue or RegisterQueue configured (the consumer, its concurrency
+// and the filter function aside: only whether there was a filter) and the
+// bindings the queue has, to every exchange. Its value:
+//
+//	version (1)
+//	retry: MaxAttempts, InitialBackoff, MaxBackoff (varints),
+//	       Multiplier, Jitter (float64 bits, 8 bytes little-endian each)
+//	ttl, maxLen (varints), overflow (1 byte)
+//	dead-letter exchange, dead-letter key (strings)
+//	expiry (varint), filtered (1 byte)
+//	bindings: count, then each: exchange (string), kind (1 byte),
+//	          keys (count, strings), args (count, then each: 0 for a nil
+//	          table, or 1 and the table, its keys sorted)
+//
+// Strings are a uvarint length and the bytes; a table is encoded as a
+// message's headers are. The encoding of one record is always the same
+// bytes (tables are written in key order), so that a declaration is
+// rewritten only when it changed.
+type queueRecord struct {
+	retry       RetryPolicy
+	ttl         time.Duration
+	maxLen      int
+	overflow    Overflow
+	dlx, dlxKey string
+	expiry      time.Duration
+	filtered    bool
+	bindings    []BindingSpec // each one's Queue is the record's queue
+}
+
+// queueRecordOf is the record of a queue configured by cfg, with bindings.
+func queueRecordOf(cfg queueConfig, bindings []BindingSpec) queueRecord {
+	return queueRecord{retry: cfg.retry, ttl: cfg.ttl, maxLen: cfg.maxLen, overflow: cfg.overflow,
+		dlx: cfg.dlx, dlxKey: cfg.dlxKey, expiry: cfg.expiry, filtered: cfg.filter != nil, bindings: bindings}
+}
+
+func (r *queueRecord) encode() []byte {
+	b := []byte{recordVersion}
+	b = binary.AppendVarint(b, int64(r.retry.MaxAttempts))
+	b = binary.AppendVarint(b, int64(r.retry.InitialBackoff))
+	b = binary.AppendVarint(b, int64(r.retry.MaxBackoff))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(r.retry.Multiplier))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(r.retry.Jitter))
+	b = binary.AppendVarint(b, int64(r.ttl))
+	b = binary.AppendVarint(b, int64(r.maxLen))
+	b = append(b, byte(r.overflow))
+	b = appendString(b, r.dlx)
+	b = appendString(b, r.dlxKey)
+	b = binary.AppendVarint(b, int64(r.expiry))
+	if r.filtered {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = binary.AppendUvarint(b, uint64(len(r.bindings)))
+	for _, s := range r.bindings {
+		b = appendString(b, s.Exchange)
+		b = append(b, byte(s.Kind))
+		b = binary.AppendUvarint(b, uint64(len(s.Keys)))
+		for _, k := range s.Keys {
+			b = appendString(b, k)
+		}
+		b = binary.AppendUvarint(b, uint64(len(s.Args)))
+		for _, a := range s.Args {
+			if a == nil {
+				b = append(b, 0)
+				continue
+			}
+			b = appendSortedTable(append(b, 1), a)
+		}
+	}
+	return b
+}
+
+// decodeQueueRecord decodes a q/ value of queue.
+func decodeQueueRecord(queue string, v []byte) (queueRecord, error) {
+	r := &reader{b: v}
+	if r.byte() != recordVersion {
+		return queueRecord{}, fmt.Errorf("%w: unknown queue record version", errBadRecord)
+	}
+	var q queueRecord
+	q.retry.MaxAttempts = int(r.varint())
+	q.retry.InitialBackoff = time.Duration(r.varint())
+	q.retry.MaxBackoff = time.Duration(r.varint())
+	q.retry.Multiplier = math.Float64frombits(r.uint64())
+	q.retry.Jitter = math.Float64frombits(r.uint64())
+	q.ttl = time.Duration(r.varint())
+	q.maxLen = int(r.varint())
+	q.overflow = Overflow(r.byte())
+	q.dlx = r.string()
+	q.dlxKey = r.string()
+	q.expiry = time.Duration(r.varint())
+	q.filtered = r.byte() == 1
+	n := r.count(3)
+	for range n {
+		s := BindingSpec{Queue: queue, Exchange: r.string(), Kind: ExchangeType(r.byte())}
+		for range r.count(1) {
+			s.Keys = append(s.Keys, r.string())
+		}
+		for range r.count(1) {
+			if r.byte() == 0 {
+				s.Args = append(s.Args, nil)
+				continue
+			}
+			s.Args = append(s.Args, r.table(0))
+		}
+		q.bindings = append(q.bindings, s)
+	}
+	if r.err != nil || len(r.b) != 0 {
+		return queueRecord{}, errBadRecord
+	}
+	return q, nil
+}
+
+func (r *reader) uint64() uint64 {
+	if len(r.b) < 8 {
+		r.fail()
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(r.b)
+	r.b = r.b[8:]
+	return v
+}
+
+// appendSortedTable is appendTable with the keys in order, at every depth,
+// so that equal tables encode to equal bytes.
+func appendSortedTable(b []byte, t map[string]any) []byte {
+	keys := make([]string, 0, len(t))
+	for k := range t {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	b = binary.AppendUvarint(b, uint64(len(t)))
+	for _, k := range keys {
+		b = appendString(b, k)
+		b = appendSortedValue(b, t[k])
+	}
+	return b
+}
+
+func appendSortedValue(b []byte, v any) []byte {
+	switch v := v.(type) {
+	case []any:
+		b = binary.AppendUvarint(append(b, tagArray), uint64(len(v)))
+		for _, e := range v {
+			b = appendSortedValue(b, e)
+		}
+		return b
+	case map[string]any:
+		return appendSortedTable(append(b, tagTable), v)
+	}
+	return appendValue(b, v)
 }

@@ -132,6 +132,14 @@ var (
 	// wait in the queue or are in its consumers. Nothing was deleted.
 	ErrNotEmpty = errors.New("tinymq: not empty")
 
+	// ErrNotStarted is returned by Health before Start.
+	ErrNotStarted = errors.New("tinymq: not started")
+
+	// ErrNoDeath is returned (wrapped) by ReplayDeadLetters for messages
+	// that have no death record, and so nowhere to go back to: they stay
+	// where they are.
+	ErrNoDeath = errors.New("tinymq: message has no death record")
+
 	// ErrTooLarge is returned by Publish for a message larger than the MQ's
 	// limit (see [WithMaxMessageSize]). No queue got the message.
 	ErrTooLarge = errors.New("tinymq: message too large")

@@ -185,20 +185,26 @@ func (e *exchange) attach(q *queue, b binding, hbs []headersBinding) {
 }
 
 // hasBinding reports whether q is bound to e with every key and argument
-// table of b (a fanout binding, or a headers binding with no arguments,
-// needs only some binding of q).
+// table of b (a fanout binding needs only some binding of q, a headers
+// binding with no arguments one with none).
 func (e *exchange) hasBinding(q *queue, b binding) bool {
 	var keys []string
 	var args []map[string]any
-	found := false
+	found, bare := false, false
 	for _, s := range e.bindings {
 		if s.Queue == q.name {
 			found = true
+			bare = bare || len(s.Args) == 0
 			keys = append(keys, s.Keys...)
 			args = append(args, s.Args...)
 		}
 	}
 	if !found {
+		return false
+	}
+	if e.kind == Headers && len(b.args) == 0 && !bare {
+		// A headers binding with no arguments matches every message: it is
+		// new beside bindings that all have arguments.
 		return false
 	}
 	for _, k := range b.keys {

@@ -105,6 +105,20 @@ func (f *fifo) pop(dst []entry, k int) []entry {
 	return dst
 }
 
+// each calls fn with every entry, oldest first, until fn returns false.
+func (f *fifo) each(fn func(*entry) bool) {
+	c, i := f.head, f.hi
+	for k := 0; k < f.n; k++ {
+		if i == chunkSize {
+			c, i = c.next, 0
+		}
+		if !fn(&c.entries[i]) {
+			return
+		}
+		i++
+	}
+}
+
 // peek returns the oldest entry, or nil when f is empty.
 func (f *fifo) peek() *entry {
 	if f.n == 0 {

@@ -283,8 +283,8 @@ func assertLedger(t *testing.T, name string, s tinymq.QueueStats) {
 	t.Helper()
 	assert.Zero(t, s.Depth, "%s: Depth after stop", name)
 	assert.Zero(t, s.InFlight, "%s: InFlight after stop", name)
-	assert.Equal(t, s.Accepted, s.Succeeded+s.DeadLettered+s.Dropped+s.Undelivered+s.Purged+s.Removed,
-		"%s: Accepted != Succeeded+DeadLettered+Dropped+Undelivered+Purged+Removed (%+v)", name, s)
+	assert.Equal(t, s.Accepted, s.Succeeded+s.DeadLettered+s.Dropped+s.Undelivered+s.Purged+s.Removed+s.Replayed,
+		"%s: Accepted != Succeeded+DeadLettered+Dropped+Undelivered+Purged+Removed+Replayed (%+v)", name, s)
 	assert.Equal(t, s.Delivered, s.Succeeded+s.Failed, "%s: Delivered != Succeeded+Failed (%+v)", name, s)
 }
 

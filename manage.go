@@ -81,6 +81,7 @@ func (m *MQ) redeclareLocked(q *queue, exchange string, kind ExchangeType, cfg q
 	}
 	if !ex.hasBinding(q, cfg.binding) {
 		ex.bind(q, cfg.binding, hbs)
+		m.logDeclared(q)
 	}
 	q.mu.Lock()
 	q.usedAt = time.Now().UnixNano()
@@ -113,6 +114,7 @@ func (m *MQ) createQueueLocked(exchange string, kind ExchangeType, name string, 
 	m.queues[name] = q
 	m.order = append(m.order, q)
 	ex.bind(q, cfg.binding, hbs)
+	m.logDeclared(q)
 	if cfg.durable {
 		m.restore(q)
 	}
@@ -438,6 +440,7 @@ func (m *MQ) PurgeQueue(name string) (int, error) {
 	q.begun.Add(uint64(q.scheduled))
 	q.scheduled = 0
 	q.gen++
+	q.purgeGen = q.gen
 	q.freeRoomLocked()
 	q.reportIfQuiescentLocked()
 	q.mu.Unlock()
@@ -509,11 +512,16 @@ func (m *MQ) setPaused(name string, paused bool) error {
 	q.mu.Lock()
 	changed := q.paused != paused
 	q.paused = paused
-	if changed && paused {
-		q.giveBackLocked(q.workers)
+	if changed {
+		if paused {
+			q.giveBackLocked(q.workers)
+		}
+		// Only a change broadcasts: the counts of parked and waking
+		// workers are zeroed for it alone. Zeroed without one, a worker
+		// still parked would never be signalled again.
+		q.idle.Store(0)
+		q.waking = 0
 	}
-	q.idle.Store(0)
-	q.waking = 0
 	q.reportIfQuiescentLocked()
 	q.mu.Unlock()
 	if changed {
@@ -554,6 +562,7 @@ func (m *MQ) Unbind(queue, exchange string, opts ...BindingOption) error {
 		}
 	}
 	ex.unbindQueue(q, &b)
+	m.logDeclared(q)
 	return nil
 }
 
@@ -592,6 +601,11 @@ func (m *MQ) DeleteExchange(name string, opts ...DeleteOption) error {
 		}
 	}
 	delete(m.exchanges, name)
+	for _, s := range ex.bindings { // their durable queues' records lose these bindings
+		if q := m.queues[s.Queue]; q != nil {
+			m.logDeclared(q)
+		}
+	}
 	m.lastEx.CompareAndSwap(ex, nil)
 	ex.gone = true
 	if m.retiredSeqs == nil {

@@ -340,6 +340,7 @@ func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...BindingOpti
 		return err
 	}
 	ex.bind(q, b, hbs)
+	m.logDeclared(q)
 	return nil
 }
 
@@ -401,6 +402,31 @@ func (m *MQ) Start(ctx context.Context) error {
 	m.wg.Add(1)
 	go m.sched.run(m.schedQuit, &m.wg, &m.own)
 	m.stopAfter = context.AfterFunc(ctx, m.Stop)
+	return nil
+}
+
+// Health reports whether the MQ is ready, for a readiness probe: nil once
+// Start has run and until Stop or Shutdown begins, while its write-ahead log
+// (if any) takes writes; else [ErrNotStarted], [ErrStopped], or an error
+// wrapping [ErrLog] that says why the log failed (durable publishes fail
+// until a restart then). It does not block and works in every state. On an
+// [Engine] it reports the MQ's own state only.
+func (m *MQ) Health() error {
+	m.init()
+	m.mu.RLock()
+	state, dur := m.state, m.dur
+	m.mu.RUnlock()
+	switch state {
+	case stateNew:
+		return ErrNotStarted
+	case stateStopping:
+		return ErrStopped
+	}
+	if dur != nil {
+		if err := dur.log.Err(); err != nil {
+			return fmt.Errorf("%w: %w", ErrLog, err)
+		}
+	}
 	return nil
 }
 
@@ -507,6 +533,9 @@ func (m *MQ) abortAll() abortTally {
 		undelivered, running := q.abort()
 		total.undelivered += undelivered
 		total.inConsumers += running
+	}
+	for _, q := range m.deleted { // a deleted queue's deliveries still in flight
+		total.inConsumers += q.inFlight()
 	}
 	return total
 }

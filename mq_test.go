@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/internal/wal"
 )
 
 func TestFanoutDeliversEveryAcceptedMessageOnceToEveryQueue(t *testing.T) {
@@ -1029,4 +1030,25 @@ func TestStressEveryAcceptedMessageEndsOnce(t *testing.T) {
 		assert.Len(t, dead[q].seen, int(st.DeadLettered))
 	}
 	assert.Equal(t, s.Queues["a"].DeadLettered+s.Queues["b"].DeadLettered+s.Queues["c"].DeadLettered, s.Queues["dead"].Succeeded)
+}
+
+func TestHealthSaysWhetherTheMQIsReady(t *testing.T) {
+	var fail atomic.Bool
+	restore := tinymq.SetWALFaults(&wal.Faults{SyncErr: func(string) error {
+		if fail.Load() {
+			return errors.New("injected fsync failure")
+		}
+		return nil
+	}})
+	defer restore()
+	m := tinymq.New(quiet(), tinymq.WithDataDir(t.TempDir()))
+	assert.ErrorIs(t, m.Health(), tinymq.ErrNotStarted)
+	require.NoError(t, m.DeclareQueue("d", "ev", tinymq.Fanout, tinymq.WithDurable()))
+	require.NoError(t, m.Start(context.Background()))
+	assert.NoError(t, m.Health())
+	fail.Store(true)
+	assert.ErrorIs(t, m.Publish("ev", 1), tinymq.ErrLog)
+	assert.ErrorIs(t, m.Health(), tinymq.ErrLog, "a failed log makes the MQ unready")
+	m.Stop()
+	assert.ErrorIs(t, m.Health(), tinymq.ErrStopped)
 }

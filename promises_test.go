@@ -112,6 +112,61 @@ var promises = []struct {
 		"TestCancellingStartContextStopsLikeStop", "TestStopBeforeStart", "TestPublishBeforeStartIsDeliveredAfterStart",
 	}},
 
+	// Run-time topology (in memory)
+	{"DeclareQueue declares a named queue with no consumer: its messages wait, under its TTL, length limit and head expiry, and Stop counts what still waits as undelivered", []string{
+		"TestDeclaredQueueKeepsMessagesUnderItsLimits", "TestConsumeDeliversTheBacklogOfADeclaredQueue",
+		"TestStopCountsWhatReachesAQueueWithNoConsumerWhileStopping", "TestStopRacingPublishersIntoAQueueWithNoConsumerEnds",
+		"TestStopEndsWhenTheLastMessageExpiresAtTheHead",
+	}},
+	{"DeclareQueue again with the same settings returns nil and adds the binding if it is new; with other settings it returns ErrDuplicateQueue and changes nothing; RegisterQueue is a declare and a consumer until Stop", []string{
+		"TestDeclareQueueAgain",
+	}},
+	{"Consume attaches a subscription; several subscriptions compete for one queue's messages, each going to one of them; ConsumeHandler and ConsumeDeliveries are its typed forms", []string{
+		"TestConsumeDeliversTheBacklogOfADeclaredQueue", "TestCompetingSubscriptionsTakeEachMessageOnce", "TestTypedConsumeForms",
+		"TestConsumeWhileWorkersWakeLosesNoWakeup",
+	}},
+	{"Subscription.Cancel takes no new message, gives back what it had taken and not begun to the head of the queue in order, waits for the deliveries in flight until ctx ends (then returns ctx's error; they finish and are settled in the background), is idempotent, and returns at once from inside its own consumer", []string{
+		"TestCancelGivesBackTakenMessagesInTheirOrder", "TestCancelWaitsForDeliveriesInFlightUntilItsContextEnds",
+		"TestCancelIsIdempotentAndConcurrent", "TestCancelFromItsOwnConsumerReturnsAtOnce", "TestCancelBeforeStart",
+		"TestCancelWaitsForADeliveryThatCallsGoexit", "TestCancellingTheLastSubscriptionDuringStopLetsStopEnd",
+	}},
+	{"DeleteQueue removes the queue, its bindings and its waiting messages and returns how many (IfUnused: ErrInUse while it has a consumer; IfEmpty: ErrNotEmpty while messages wait or are in flight); deliveries in flight finish, a failure is removed, not retried or dead-lettered", []string{
+		"TestDeleteQueueRemovesItsMessagesAndCountsThem", "TestPurgeOrDeleteReleasesPublishersBlockedOnTheQueue",
+		"TestDeletedQueueCountsWhatEndsAfterItsDelete", "TestShutdownDeadlineBoundsADeletedQueuesConsumer",
+	}},
+	{"PurgeQueue removes the waiting messages (ready, delayed, backing off), not those in a consumer, and returns how many", []string{
+		"TestPurgeQueueRemovesWhatWaitsNotWhatIsInAConsumer", "TestPurgeOrDeleteReleasesPublishersBlockedOnTheQueue",
+	}},
+	{"Unbind removes that binding, and a missing binding is not an error; DeleteExchange removes an exchange and its bindings, the queues stay (IfUnused: ErrInUse while it has bindings)", []string{
+		"TestUnbindRemovesThatBindingOnly", "TestDeleteExchangeRemovesItAndItsBindings",
+	}},
+	{"WithQueueExpiry deletes a queue unused for its expiry (no consumer, no Consume, no declare again), its messages removed and counted, not dead-lettered; expiry rides the one scheduler, no goroutine per idle queue", []string{
+		"TestQueueExpiryDeletesAnUnusedQueue",
+	}},
+	{"A paused queue accepts messages but hands none to its consumers; deliveries in flight finish; ResumeQueue delivers the rest in order; Stop leaves what waits in a paused queue undelivered", []string{
+		"TestPauseQueueHoldsMessagesUntilResumed", "TestPauseOrResumeThatChangesNothingLeavesTheWorkersAwake",
+		"TestStopLeavesAPausedQueuesMessagesUndelivered",
+	}},
+	{"Stats and Topology show each queue's consumers and whether it is paused, and what deletes and purges removed (Stats.Deleted, DeletedQueues, ExpiredQueues, Removed, Purged)", []string{
+		"TestStatsAndTopologyShowConsumersPausesAndDeletes", "TestDeletedQueueCountsWhatEndsAfterItsDelete",
+	}},
+	{"A publish racing a delete or an unbind is all or nothing: it reaches the queue before the change (and is counted in what a delete removed) or not at all", []string{
+		"TestPublishRacingDeleteOrUnbindIsAllOrNothing",
+	}},
+	{"Under a changing topology every accepted message ends once: succeeded, dead-lettered, dropped, purged, removed or undelivered", []string{
+		"TestTopologyTortureKeepsTheLedger", "TestDeletedQueueCountsWhatEndsAfterItsDelete",
+	}},
+	{"10,000 queues declared and deleted in a loop return memory and goroutines to the baseline", []string{
+		"TestDeclareDeleteLoopReturnsMemoryAndGoroutines",
+	}},
+	{"Topology calls refuse unknown names (ErrUnknownQueue, ErrUnknownExchange) and bad input with sentinel errors, and return ErrStopped after Stop", []string{
+		"TestTopologyCallsRefuseBadInput", "TestConsumeAndCancelRefuseBadInput",
+		"TestTopologyCallsAfterStopReturnErrStopped", "TestConsumeAfterStopAndCancelAfterStop",
+	}},
+	{"Topology calls from inside a consumer, filter or logger never deadlock, on the caller's own queue and subscription too", []string{
+		"TestTopologyCallsFromUserCodeNeverDeadlock", "TestCancelFromItsOwnConsumerReturnsAtOnce",
+	}},
+
 	// Durability
 	{"A Publish that reached a durable queue returned nil only once the message was on disk", []string{
 		"TestDurableMessagesSurviveARestart", "TestDurablePublishHoldsNoLockAcrossItsSync", "TestCrash",

@@ -121,7 +121,15 @@ func settleEvicted(evs []eviction) {
 // and going on while the MQ stops.
 type deadLetter struct {
 	src *deadSource // see publishDead; may be nil
+	// replay: ReplayDeadLetters moves the message back, as a Publish would
+	// (all or nothing, refused while stopping, never waiting for room), but
+	// with its deaths and src.
+	replay bool
 }
+
+// internal reports whether dl is a dead letter of the MQ's own: not all or
+// nothing, and going on while the MQ stops. A nil dl is a Publish.
+func (dl *deadLetter) internal() bool { return dl != nil && !dl.replay }
 
 // publish routes and enqueues under the read lock, so that Stop, which takes
 // the write lock, sees each publish either completely or not at all.
@@ -130,7 +138,7 @@ type deadLetter struct {
 // message is routed, the lock released while the filters decide, and the
 // queues they kept then take it under the lock again.
 func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struct{}, err error) {
-	internal := dl != nil
+	internal := dl.internal()
 	pc, deaths := &r.pc, r.deaths
 	m.mu.RLock()
 	if !internal && m.state >= stateStopping {
@@ -148,7 +156,7 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 		m.lastEx.Store(ex)
 	}
 	r.ex = ex
-	if !internal && ex.plain && m.dur == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 {
+	if dl == nil && ex.plain && m.dur == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 {
 		// The common case: no option, to a fanout exchange whose queues all
 		// take plain entries (see exchange.plain), with nothing to decide per
 		// queue: one ID, one entry, each queue takes it.
@@ -296,7 +304,7 @@ func runFilters(dst []*queue, msgs []*Msg) (int, error) {
 // can take it for a dead letter. dst is read-only. The caller holds the read
 // lock, and enqueue releases it.
 func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (room <-chan struct{}, err error) {
-	internal := dl != nil
+	internal := dl.internal()
 	pc := &r.pc
 	timed := pc.delay > 0 || pc.ttl > 0
 	bounded, durable := false, false
@@ -353,14 +361,14 @@ func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (roo
 // enqueue stamped it already, else 0. The caller holds the read lock, and
 // enqueueAdmitted releases it.
 func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLetter, id uint64) (room <-chan struct{}, err error) {
-	internal := dl != nil
+	internal := dl.internal()
 	pc, ex := &r.pc, r.ex
 	var qbuf [8]*queue
 	var mbuf [8]*Msg
 	adm, amsgs := qbuf[:0], mbuf[:0] // the queues that admitted it, and their Msgs
 	var refused error
 	for i, q := range dst {
-		room, err := q.reserve(internal)
+		room, err := q.reserve(dl != nil) // a replay does not wait for room either
 		if err == nil && room == nil {
 			adm = append(adm, q)
 			if msgs != nil {

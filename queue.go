@@ -58,6 +58,7 @@ type queue struct {
 	expiryArmed bool            // the scheduler holds an expire item for the queue
 	takes       uint64          // batches taken: the order in which entries given back return to buf
 	gen         uint32          // purges and deletes so far: a scheduler item of an older gen is gone
+	purgeGen    uint32          // gen right after the last purge: an item older than it was the purge's (see release)
 	idle        atomic.Int32    // workers parked in cond.Wait and not yet signalled; written under mu (see wakeThief)
 	waking      int             // workers signalled that have not taken the lock since (see wakeOneLocked)
 	busy        int             // workers holding a batch
@@ -94,7 +95,7 @@ type queueCounters struct {
 	failed, retried                   atomic.Uint64
 	deadLettered, expired, overflowed atomic.Uint64
 	rejected, dropped, undelivered    atomic.Uint64
-	purged, removed                   atomic.Uint64
+	purged, removed, replayed         atomic.Uint64
 }
 
 func newQueue(id int, name string, cfg queueConfig, mq *MQ) *queue {
@@ -238,6 +239,12 @@ func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration,
 	evicted, wake := q.enqueueLocked(e, now, delay, ttl)
 	expiry := q.armExpiryLocked()
 	gen = q.gen
+	if inbound {
+		// A stopping MQ waited for this publish; in a queue that no
+		// consumer takes, its arrival leaves the queue quiescent, and no
+		// worker will say so.
+		q.reportIfQuiescentLocked()
+	}
 	q.mu.Unlock()
 	q.wakeAfter(wake, expiry)
 	return evicted, gen, nil
@@ -392,6 +399,10 @@ func (q *queue) expireHead() {
 	}
 	if len(dead) > 0 {
 		q.freeRoomLocked()
+		// The expiry may have taken what a stopping MQ was waiting for,
+		// from under a worker that was woken for it and will find nothing
+		// (and so report nothing): the queue reports itself.
+		q.reportIfQuiescentLocked()
 	}
 	expiry := q.armExpiryLocked()
 	q.mu.Unlock()
@@ -433,13 +444,18 @@ func (q *queue) parkedLocked() bool {
 // strand counts what waits in the queue as undelivered, when no consumer
 // takes it (see parkedLocked), and returns how many: the MQ is stopping and
 // quiescent, and a durable queue keeps them in the log. It pops them, so
-// that an abort does not count them again.
+// that an abort does not count them again, and closes the queue: a message
+// that would reach it later (a dead letter that expired out of another
+// parked queue, whose head the scheduler still watches) is refused, and
+// counted where it died, rather than left in a queue already counted.
 func (q *queue) strand() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.aborted || !q.parkedLocked() {
 		return 0
 	}
+	q.closed = true
+	q.shut.Store(true)
 	n := q.buf.n + q.scheduled
 	for q.buf.n > 0 {
 		q.popLocked()
@@ -469,7 +485,15 @@ func (q *queue) holdInbound() {
 func (q *queue) release(m *Msg, gen uint32) {
 	q.mu.Lock()
 	if q.aborted || q.gone || gen != q.gen {
+		// A purge or a delete counted m, which the scheduler had already
+		// taken when they dropped its items: what they acknowledged in the
+		// log did not include it. An abort, or a stop's strand, leaves it
+		// in the log for the next start.
+		removed := !q.aborted && (q.gone || int32(gen-q.purgeGen) < 0)
 		q.mu.Unlock()
+		if k := m.dkey(); removed && k != "" {
+			q.mq.dur.ack(q.name, k, nil)
+		}
 		return
 	}
 	q.scheduled--

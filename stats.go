@@ -31,8 +31,8 @@ type ExchangeStats struct {
 }
 
 // QueueStats counts what happened in one queue. Every accepted message ends
-// in exactly one of Succeeded, DeadLettered, Dropped, Undelivered, Purged or
-// Removed; until then
+// in exactly one of Succeeded, DeadLettered, Dropped, Undelivered, Purged,
+// Replayed or Removed; until then
 // it is counted in Depth or InFlight. Counters only grow. The fields are read
 // one at a time while messages move (the workers count without a lock), so
 // while a queue is busy these sums may be off by the few messages that moved
@@ -81,6 +81,9 @@ type QueueStats struct {
 	// Purged counts the messages that [MQ.PurgeQueue] removed. They were
 	// logged.
 	Purged uint64
+	// Replayed counts the messages that [MQ.ReplayDeadLetters] moved out of
+	// the queue, back to where they died.
+	Replayed uint64
 	// Removed counts, in [Stats].Deleted, the messages that the deletes of
 	// their queues removed ([MQ.DeleteQueue], [WithQueueExpiry]): waiting
 	// ones, and those whose delivery failed after the delete. They were
@@ -150,6 +153,11 @@ func (m *MQ) Stats() Stats {
 				s.Queues[name] = QueueStats{Depth: n, Ready: n, Durable: true, Unregistered: true}
 			}
 		}
+		for _, name := range m.dur.declaredQueues() { // declared, with no message in the log
+			if _, ok := s.Queues[name]; !ok {
+				s.Queues[name] = QueueStats{Durable: true, Unregistered: true}
+			}
+		}
 	}
 	return s
 }
@@ -170,7 +178,7 @@ func (q *queue) stats() QueueStats {
 	qs.Retried, qs.DeadLettered, qs.Expired = c.retried.Load(), c.deadLettered.Load(), c.expired.Load()
 	qs.Overflowed, qs.Rejected, qs.Dropped = c.overflowed.Load(), c.rejected.Load(), c.dropped.Load()
 	qs.Undelivered = c.undelivered.Load()
-	qs.Purged, qs.Removed = c.purged.Load(), c.removed.Load()
+	qs.Purged, qs.Removed, qs.Replayed = c.purged.Load(), c.removed.Load(), c.replayed.Load()
 	qs.ConsumerTime = q.hist.snapshot()
 	return qs
 }
@@ -195,6 +203,7 @@ func (s *QueueStats) add(o QueueStats) {
 	s.Undelivered += o.Undelivered
 	s.Purged += o.Purged
 	s.Removed += o.Removed
+	s.Replayed += o.Replayed
 }
 
 // deletedStats returns the counts of every deleted queue, added up, and
@@ -205,15 +214,21 @@ func (m *MQ) deletedStats(fold bool) QueueStats {
 	sum := m.deletedSum
 	kept := m.deleted[:0]
 	for _, q := range m.deleted {
+		// settled is read before the counts, so that a worker that leaves
+		// meanwhile cannot have its last counts left out of a snapshot that
+		// is folded. No worker is not enough: expireHead and a DropHead
+		// publish count what they popped once they released q.mu, and so
+		// the queue is folded only once every message it accepted has
+		// ended; after that nothing can change its counts.
+		q.mu.Lock()
+		settled := len(q.workers) == 0 && q.inbound == 0
+		q.mu.Unlock()
 		qs := q.stats()
 		sum.add(qs)
 		if !fold {
 			continue
 		}
-		q.mu.Lock()
-		settled := len(q.workers) == 0 && q.inbound == 0
-		q.mu.Unlock()
-		if settled {
+		if settled && qs.ended() {
 			m.deletedSum.add(qs)
 		} else {
 			kept = append(kept, q)
@@ -224,6 +239,13 @@ func (m *MQ) deletedStats(fold bool) QueueStats {
 		m.deleted = kept
 	}
 	return sum
+}
+
+// ended reports whether every message that s counts as accepted has ended,
+// and every delivery with it: for a deleted queue, that its counts are final.
+func (s QueueStats) ended() bool {
+	return s.Depth == 0 && s.InFlight == 0 && s.Delivered == s.Succeeded+s.Failed &&
+		s.Accepted == s.Succeeded+s.DeadLettered+s.Dropped+s.Undelivered+s.Purged+s.Removed+s.Replayed
 }
 
 // histogram is a queue's consumer-time histogram: the one every engine

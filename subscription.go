@@ -110,7 +110,18 @@ func (m *MQ) subscribeLocked(q *queue, c consumer, concurrency int) *Subscriptio
 	q.active += concurrency
 	q.workers = append(slices.Clip(q.workers), s.workers...)
 	q.usedAt = time.Now().UnixNano()
-	wake := q.buf.n > 0
+	wake := q.buf.n > 0 && m.state == stateRunning
+	if wake {
+		// The Broadcast below wakes every parked worker: none is parked or
+		// waking any more, as cancelLocked and setPaused say before theirs.
+		// Left as they were, idle would count each woken worker twice once
+		// it parked again, and a signal sent for a worker that is not
+		// parked would leave waking above 0 for good: every later enqueue
+		// would then wake no one, and a message wait with its workers
+		// parked.
+		q.idle.Store(0)
+		q.waking = 0
+	}
 	q.mu.Unlock()
 	if m.state == stateRunning {
 		m.startSub(s)
@@ -194,6 +205,10 @@ func (q *queue) removeSub(s *Subscription) bool {
 	if len(q.subs) == 0 {
 		q.usedAt = time.Now().UnixNano()
 	}
+	// A stopping MQ waits for this queue while a consumer could take what
+	// waits in it (a retry backing off, a delayed message); without one,
+	// that now stays undelivered, and no worker may be left to report it.
+	q.reportIfQuiescentLocked()
 	q.mu.Unlock()
 	q.cond.Broadcast()
 	return true

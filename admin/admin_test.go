@@ -6,9 +6,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -35,7 +37,22 @@ type Overview struct {
 	ExchangeCount int      `json:"exchange_count"`
 	QueueCount    int      `json:"queue_count"`
 	Truncated     bool     `json:"truncated"`
-	Exchanges     []struct {
+	Totals        struct {
+		Published     uint64   `json:"published"`
+		PublishedRate *float64 `json:"published_per_sec"`
+		Depth         int      `json:"depth"`
+		InFlight      int      `json:"in_flight"`
+		Failed        uint64   `json:"failed"`
+		Consumers     int      `json:"consumers"`
+		Paused        int      `json:"paused"`
+		DeletedQueues uint64   `json:"deleted_queues"`
+		ExpiredQueues uint64   `json:"expired_queues"`
+		Removed       uint64   `json:"removed"`
+	} `json:"totals"`
+	History      History  `json:"history"`
+	QueuePage    PageInfo `json:"queue_page"`
+	ExchangePage PageInfo `json:"exchange_page"`
+	Exchanges    []struct {
 		Name       string `json:"name"`
 		Kind       string `json:"kind"`
 		Alternate  string `json:"alternate"`
@@ -45,30 +62,32 @@ type Overview struct {
 			Published  float64 `json:"published_per_sec"`
 			Unroutable float64 `json:"unroutable_per_sec"`
 		} `json:"rates"`
-		Bindings []struct {
-			Queue string              `json:"queue"`
-			Keys  []string            `json:"keys"`
-			Args  []map[string]string `json:"args"`
-		} `json:"bindings"`
+		BindingCount int       `json:"binding_count"`
+		Bindings     []Binding `json:"bindings"`
 	} `json:"exchanges"`
-	Queues []struct {
-		Name               string             `json:"name"`
-		Concurrency        int                `json:"concurrency"`
-		MaxAttempts        int                `json:"max_attempts"`
-		MessageTTLMillis   float64            `json:"message_ttl_ms"`
-		MaxLen             int                `json:"max_len"`
-		Overflow           string             `json:"overflow"`
-		DeadLetterExchange string             `json:"dead_letter_exchange"`
-		DeadLetterKey      string             `json:"dead_letter_key"`
-		Filtered           bool               `json:"filtered"`
-		Depth              int                `json:"depth"`
-		Ready              int                `json:"ready"`
-		Scheduled          int                `json:"scheduled"`
-		InFlight           int                `json:"in_flight"`
-		Counters           map[string]uint64  `json:"counters"`
-		Rates              map[string]float64 `json:"rates"`
-		ConsumerTime       map[string]float64 `json:"consumer_time"`
-	} `json:"queues"`
+	Queues        []Queue `json:"queues"`
+	Selected      *Queue  `json:"selected"`
+	DeadLetterSum struct {
+		Total        uint64 `json:"total"`
+		DeadLettered uint64 `json:"dead_lettered"`
+		Dropped      uint64 `json:"dropped"`
+		Queues       int    `json:"queues"`
+	} `json:"dead_letter_totals"`
+	DeadGroups []struct {
+		Queue        string `json:"queue"`
+		Deleted      bool   `json:"deleted"`
+		Total        uint64 `json:"total"`
+		DeadLettered uint64 `json:"dead_lettered"`
+		Dropped      uint64 `json:"dropped"`
+		Reasons      []struct {
+			Reason      string `json:"reason"`
+			Total       uint64 `json:"total"`
+			Recent      int    `json:"recent"`
+			LastTime    string `json:"last_time"`
+			LastError   string `json:"last_error"`
+			LastOutcome string `json:"last_outcome"`
+		} `json:"reasons"`
+	} `json:"dead_letter_groups"`
 	DeadLetters []struct {
 		Time               string `json:"time"`
 		Reason             string `json:"reason"`
@@ -83,13 +102,78 @@ type Overview struct {
 		Dropped            bool   `json:"dropped"`
 		DropCause          string `json:"drop_cause"`
 	} `json:"dead_letters"`
+	Actions struct {
+		Enabled  bool `json:"enabled"`
+		Payloads bool `json:"payloads"`
+	} `json:"actions"`
+}
+
+// Queue is one queue of the overview.
+type Queue struct {
+	Name               string             `json:"name"`
+	Concurrency        int                `json:"concurrency"`
+	Consumers          int                `json:"consumers"`
+	Paused             bool               `json:"paused"`
+	Durable            bool               `json:"durable"`
+	MaxAttempts        int                `json:"max_attempts"`
+	MessageTTLMillis   float64            `json:"message_ttl_ms"`
+	ExpiryMillis       float64            `json:"expiry_ms"`
+	MaxLen             int                `json:"max_len"`
+	Overflow           string             `json:"overflow"`
+	DeadLetterExchange string             `json:"dead_letter_exchange"`
+	DeadLetterKey      string             `json:"dead_letter_key"`
+	Filtered           bool               `json:"filtered"`
+	Depth              int                `json:"depth"`
+	Ready              int                `json:"ready"`
+	Scheduled          int                `json:"scheduled"`
+	InFlight           int                `json:"in_flight"`
+	Counters           map[string]uint64  `json:"counters"`
+	Rates              map[string]float64 `json:"rates"`
+	ConsumerTime       map[string]float64 `json:"consumer_time"`
+	History            History            `json:"history"`
+}
+
+// History is a sparkline's data: null where no request came.
+type History struct {
+	StepMillis int64      `json:"step_ms"`
+	End        string     `json:"end"`
+	Depth      []*float64 `json:"depth"`
+	Published  []*float64 `json:"published_per_sec"`
+	Delivered  []*float64 `json:"delivered_per_sec"`
+}
+
+// Binding is one binding of an exchange.
+type Binding struct {
+	Queue     string              `json:"queue"`
+	Keys      []string            `json:"keys"`
+	Args      []map[string]string `json:"args"`
+	Truncated bool                `json:"truncated"`
+}
+
+// PageInfo describes one page of a list.
+type PageInfo struct {
+	Sort       string `json:"sort"`
+	Order      string `json:"order"`
+	Filter     string `json:"filter"`
+	Offset     int    `json:"offset"`
+	Limit      int    `json:"limit"`
+	Matched    int    `json:"matched"`
+	NextOffset *int   `json:"next_offset"`
+}
+
+// newRequest is a request from the local machine: its Host is localhost,
+// which the handler answers by default.
+func newRequest(method, target string) *http.Request {
+	r := httptest.NewRequest(method, target, nil)
+	r.Host = "localhost"
+	return r
 }
 
 // get serves one request to h and returns the response.
 func get(t *testing.T, h http.Handler, method, target string) *http.Response {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(method, target, nil))
+	h.ServeHTTP(rec, newRequest(method, target))
 	return rec.Result()
 }
 
@@ -103,7 +187,13 @@ func body(t *testing.T, res *http.Response) string {
 // overview fetches and decodes the JSON, checking its status and headers.
 func overview(t *testing.T, h http.Handler) (Overview, string) {
 	t.Helper()
-	res := get(t, h, http.MethodGet, "/api/overview")
+	return overviewQuery(t, h, "")
+}
+
+// overviewQuery is overview with query parameters.
+func overviewQuery(t *testing.T, h http.Handler, query string) (Overview, string) {
+	t.Helper()
+	res := get(t, h, http.MethodGet, "/api/overview?"+query)
 	raw := body(t, res)
 	require.Equal(t, http.StatusOK, res.StatusCode, raw)
 	assert.Equal(t, "application/json; charset=utf-8", res.Header.Get("Content-Type"))
@@ -393,7 +483,7 @@ func TestMountedUnderAPrefix(t *testing.T) {
 	}
 	res, page := fetch("/debug/tinymq/")
 	require.Equal(t, http.StatusOK, res.StatusCode)
-	assert.Contains(t, page, `fetch("api/overview"`, "the page's links are relative")
+	assert.Contains(t, page, `fetch("api/overview?"`, "the page's links are relative")
 	assert.Contains(t, page, `href="api/overview"`)
 	assert.NotContains(t, page, `"/api`)
 
@@ -408,32 +498,87 @@ func TestMountedUnderAPrefix(t *testing.T) {
 	// relatively.
 	bare := http.StripPrefix("/ops/mq", admin.Handler(mq))
 	rec := httptest.NewRecorder()
-	bare.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ops/mq", nil))
+	bare.ServeHTTP(rec, newRequest(http.MethodGet, "/ops/mq"))
 	assert.Equal(t, http.StatusMovedPermanently, rec.Code)
 	assert.Equal(t, "./mq/", rec.Header().Get("Location"))
 }
 
 func TestResponsesAreBounded(t *testing.T) {
 	// Names of 300 bytes that JSON escapes to six bytes each, on 2000
-	// queues: far more than 1 MiB unbounded.
+	// queues bound to one exchange: far more than a page's budget
+	// unbounded.
 	mq := tinymq.New()
 	long := strings.Repeat("<", 300)
 	for i := range 2000 {
-		name := long + string(rune('a'+i%26)) + strings.Repeat("z", i/26)
+		name := fmt.Sprintf("%04d", i) + long
 		require.NoError(t, mq.RegisterQueue(long, tinymq.Direct, nop, 1, tinymq.WithQueueName(name),
 			tinymq.WithBindingKey(strings.Repeat("&", 200)), tinymq.WithBindingKey(strings.Repeat(">", 200))))
 	}
 	t.Cleanup(mq.Stop)
-	ov, raw := overview(t, admin.Handler(mq))
-	assert.LessOrEqual(t, len(raw), 1<<20)
-	assert.Greater(t, len(raw), 1<<19, "the budget is used, not wasted")
+	h := admin.Handler(mq)
+	ov, raw := overviewQuery(t, h, "limit=1000")
+	assert.LessOrEqual(t, len(raw), 5<<20, "every list within its budget")
+	assert.Greater(t, len(raw), 1<<20, "the budget is used, not wasted")
 	assert.True(t, ov.Truncated)
 	assert.Equal(t, 2000, ov.QueueCount)
-	assert.Less(t, len(ov.Queues), 2000)
+	assert.Less(t, len(ov.Queues), 1000, "the page ended before its limit")
 	assert.NotEmpty(t, ov.Queues)
+	require.NotNil(t, ov.QueuePage.NextOffset)
+	assert.Equal(t, len(ov.Queues), *ov.QueuePage.NextOffset, "and says where the next one begins")
 	q := ov.Queues[0].Name
 	assert.LessOrEqual(t, len(q), 256)
 	assert.True(t, strings.HasSuffix(q, "…"), "a cut name says so")
+
+	// What does not fit is on the next pages: every queue is reached.
+	seen := map[string]bool{}
+	for offset, pages := 0, 0; ; pages++ {
+		require.Less(t, pages, 20, "paging gets somewhere")
+		page, raw := overviewQuery(t, h, fmt.Sprintf("limit=1000&offset=%d", offset))
+		assert.LessOrEqual(t, len(raw), 5<<20)
+		require.NotEmpty(t, page.Queues)
+		for _, q := range page.Queues {
+			assert.False(t, seen[q.Name], "%.8s twice", q.Name)
+			seen[q.Name] = true
+		}
+		if page.QueuePage.NextOffset == nil {
+			break
+		}
+		offset = *page.QueuePage.NextOffset
+	}
+	assert.Len(t, seen, 2000)
+
+	// The exchange is listed, with its binding count and the first
+	// bindings; api/bindings lists them all, paged likewise.
+	require.Len(t, ov.Exchanges, 1)
+	x := ov.Exchanges[0]
+	assert.Equal(t, 2000, x.BindingCount)
+	assert.NotEmpty(t, x.Bindings)
+	assert.LessOrEqual(t, len(x.Bindings), 32)
+	bound := 0
+	for offset, pages := 0, 0; ; pages++ {
+		require.Less(t, pages, 20, "paging gets somewhere")
+		res := get(t, h, http.MethodGet, "/api/bindings?limit=1000&offset="+fmt.Sprint(offset)+
+			"&exchange="+url.QueryEscape(long))
+		raw := body(t, res)
+		require.Equal(t, http.StatusOK, res.StatusCode, raw)
+		assert.LessOrEqual(t, len(raw), 1<<20+4096)
+		var page struct {
+			Exchange string    `json:"exchange"`
+			Page     PageInfo  `json:"page"`
+			Bindings []Binding `json:"bindings"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(raw), &page))
+		assert.Equal(t, 2000, page.Page.Matched)
+		require.NotEmpty(t, page.Bindings)
+		bound += len(page.Bindings)
+		if page.Page.NextOffset == nil {
+			break
+		}
+		offset = *page.Page.NextOffset
+	}
+	assert.Equal(t, 2000, bound)
+	res := get(t, h, http.MethodGet, "/api/bindings?exchange=nope")
+	assert.Equal(t, http.StatusNotFound, res.StatusCode)
 }
 
 func TestLongErrorsAreCut(t *testing.T) {
@@ -450,11 +595,13 @@ func TestLongErrorsAreCut(t *testing.T) {
 	<-done
 	mq.Stop()
 	ov, raw := overview(t, admin.Handler(mq))
-	assert.Less(t, len(raw), 4096)
+	assert.Less(t, len(raw), 8192, "the 20 kB error is in it twice (recent, and its group), cut")
 	require.Len(t, ov.DeadLetters, 1)
 	msg := ov.DeadLetters[0].LastError
 	assert.LessOrEqual(t, len(msg), 256)
 	assert.Equal(t, strings.Repeat("é", 126)+"…", msg)
+	require.Len(t, ov.DeadGroups, 1)
+	assert.Equal(t, msg, ov.DeadGroups[0].Reasons[0].LastError)
 }
 
 // panicky is an engine whose Stats panics while armed, and otherwise

@@ -43,20 +43,32 @@ func TestJSONLenIsAnUpperBound(t *testing.T) {
 func TestItemCostsAreUpperBounds(t *testing.T) {
 	worst := clip(strings.Repeat("<", 400))
 	const big = math.MaxUint64
-	q := queueView{Name: worst, Concurrency: math.MinInt, MaxAttempts: math.MinInt, MessageTTLMillis: -math.MaxFloat64,
+	h := newHistory()
+	st := tinymq.Stats{Queues: map[string]tinymq.QueueStats{"q": {Depth: math.MinInt}}}
+	for i := range historyPoints {
+		// The longest numbers: a depth at its most negative, rates of
+		// counters that grow by the most they can.
+		at := time.Unix(1000, 0).Add(time.Duration(i) * historyStep)
+		st.Queues["q"] = tinymq.QueueStats{Depth: math.MinInt, Accepted: uint64(i%2) * big, Delivered: uint64(i%2) * big}
+		h.observe(at, st)
+	}
+	hv := h.queue("q")
+	q := queueView{Name: worst, Concurrency: math.MinInt, Consumers: math.MinInt, Paused: true, Durable: true,
+		MaxAttempts: math.MinInt, MessageTTLMillis: -math.MaxFloat64, ExpiryMillis: -math.MaxFloat64,
 		MaxLen: math.MinInt, Overflow: worst, DeadLetterExchange: worst, DeadLetterKey: worst, Filtered: true,
 		Depth: math.MinInt, Ready: math.MinInt, Scheduled: math.MinInt, InFlight: math.MinInt,
-		Counters: counters{big, big, big, big, big, big, big, big, big, big, big},
+		Counters: counters{big, big, big, big, big, big, big, big, big, big, big, big, big, big}, History: hv,
 		Rates: &queueRates{-math.MaxFloat64, -math.MaxFloat64, -math.MaxFloat64, -math.MaxFloat64,
 			-math.MaxFloat64, -math.MaxFloat64},
 		ConsumerTime: consumerTime{big, -math.MaxFloat64, -math.MaxFloat64, -math.MaxFloat64, -math.MaxFloat64,
 			-math.MaxFloat64}}
 	b, err := json.Marshal(q)
 	require.NoError(t, err)
-	assert.LessOrEqual(t, len(b)+1, queueFixedBytes+4*jsonLen(worst), "queue")
+	assert.LessOrEqual(t, len(b)+1, queueFixedBytes+hv.size()+4*jsonLen(worst), "queue")
+	assert.Equal(t, q.cost(), queueFixedBytes+hv.size()+4*jsonLen(worst))
 
 	x := exchangeView{Name: worst, Kind: worst, Alternate: worst, Published: big, Unroutable: big,
-		Rates: &exchangeRates{-math.MaxFloat64, -math.MaxFloat64}, Bindings: []bindingView{}}
+		Rates: &exchangeRates{-math.MaxFloat64, -math.MaxFloat64}, BindingCount: math.MinInt, Bindings: []bindingView{}}
 	b, err = json.Marshal(x)
 	require.NoError(t, err)
 	assert.LessOrEqual(t, len(b)+1, exchangeFixedBytes+3*jsonLen(worst), "exchange")
@@ -74,12 +86,23 @@ func TestItemCostsAreUpperBounds(t *testing.T) {
 		table[string(rune('A'+i))+long] = []any{long, []byte(long), math.NaN(), map[string]any{"k": long}, nil,
 			time.Unix(1<<40, 0), int8(-1), uint64(math.MaxUint64), float32(1.5), true}
 	}
-	bv, cost := bindingOf(tinymq.BindingSpec{Queue: long, Keys: []string{long, long, long},
-		Args: []map[string]any{table, {}, {"x-match": "any"}}})
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = long
+	}
+	args := []map[string]any{table, {}, {"x-match": "any"}}
+	for range 10 {
+		args = append(args, table)
+	}
+	bv, cost := bindingOf(tinymq.BindingSpec{Queue: long, Keys: keys, Args: args})
 	b, err = json.Marshal(bv)
 	require.NoError(t, err)
 	assert.LessOrEqual(t, len(b)+1, cost, "binding")
 	assert.Len(t, bv.Args[0], maxArgEntries+1, "entries beyond the limit are counted, not listed")
+	assert.Len(t, bv.Keys, maxKeysShown)
+	assert.Len(t, bv.Args, maxTablesShown)
+	assert.True(t, bv.Truncated)
+	assert.Less(t, cost, exchangeBudget, "one binding always fits a page of bindings")
 	for k, v := range bv.Args[0] {
 		assert.LessOrEqual(t, len(k), maxStringBytes)
 		assert.LessOrEqual(t, len(v), maxStringBytes)
@@ -115,21 +138,21 @@ func TestFormatValue(t *testing.T) {
 
 func TestSampler(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	at := func(d time.Duration) sample { return sample{at: t0.Add(d)} }
+	var st tinymq.Stats
 	s := newSampler(10 * time.Second)
 
-	_, ok := s.observe(t0, at(0))
+	_, ok := s.observe(t0, st)
 	assert.False(t, ok, "no base at first")
-	_, ok = s.observe(t0.Add(500*time.Millisecond), at(500*time.Millisecond))
+	_, ok = s.observe(t0.Add(500*time.Millisecond), st)
 	assert.False(t, ok, "a base younger than a tenth of the window is noise")
-	base, ok := s.observe(t0.Add(2*time.Second), at(2*time.Second))
+	base, ok := s.observe(t0.Add(2*time.Second), st)
 	require.True(t, ok)
 	assert.Equal(t, t0, base.at)
 
 	// Requests every 100ms for a minute: the base stays about a window old,
 	// and the sampler keeps a bounded number of snapshots.
 	for d := 2 * time.Second; d < time.Minute; d += 100 * time.Millisecond {
-		base, ok = s.observe(t0.Add(d), at(d))
+		base, ok = s.observe(t0.Add(d), st)
 		require.True(t, ok)
 		age := d - base.at.Sub(t0)
 		assert.GreaterOrEqual(t, age, min(d, 10*time.Second), "at %v", d)
@@ -140,7 +163,7 @@ func TestSampler(t *testing.T) {
 	}
 
 	// After a long pause the base is the last snapshot, however old.
-	base, ok = s.observe(t0.Add(time.Hour), at(time.Hour))
+	base, ok = s.observe(t0.Add(time.Hour), st)
 	require.True(t, ok)
 	assert.Greater(t, base.at.Sub(t0), time.Minute-time.Second)
 	assert.Less(t, base.at.Sub(t0), time.Minute)

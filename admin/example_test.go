@@ -23,10 +23,13 @@ func ExampleHandler() {
 	mux := http.NewServeMux()
 	mux.Handle("/debug/tinymq/", http.StripPrefix("/debug/tinymq", admin.Handler(mq)))
 	// In a program: http.ListenAndServe("127.0.0.1:6060", mux), behind your
-	// own authentication.
+	// own authentication. It is read-only: admin.WithActions adds purge,
+	// delete, pause, resume, replay and peek.
 
+	// The handler answers loopback names only, unless told otherwise
+	// (admin.WithAllowedHosts): a request as from a browser on this machine.
 	rec := httptest.NewRecorder()
-	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/tinymq/api/overview", nil))
+	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://localhost/debug/tinymq/api/overview", nil))
 	var ov struct {
 		Queues []struct {
 			Name  string `json:"name"`
@@ -39,7 +42,7 @@ func ExampleHandler() {
 	}
 
 	rec = httptest.NewRecorder()
-	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/debug/tinymq/api/overview", nil))
+	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "http://localhost/debug/tinymq/api/overview", nil))
 	fmt.Println("POST:", rec.Code)
 	// Output:
 	// welcome-email: 1 waiting

@@ -11,18 +11,23 @@ import (
 
 // maxSamples bounds how many snapshots a sampler keeps, whatever the request
 // rate: a new one is kept only when window/maxSamples has passed since the
-// last one kept.
-const maxSamples = 16
+// last one kept. Each costs about 100 bytes per queue.
+const maxSamples = 8
 
 // sample is the part of one Stats snapshot that rates are computed from.
 type sample struct {
 	at        time.Time
 	exchanges map[string]exchangeCounters
-	queues    map[string]counters
+	queues    map[string]rateCounters
 }
 
 type exchangeCounters struct {
 	published, unroutable uint64
+}
+
+// rateCounters are the queue counters that have rates.
+type rateCounters struct {
+	accepted, delivered, succeeded, failed, deadLettered, dropped uint64
 }
 
 // sampler keeps the latest snapshots, oldest first. It is fed by requests, so
@@ -38,11 +43,12 @@ func newSampler(window time.Duration) *sampler {
 	return &sampler{window: window}
 }
 
-// observe records a snapshot taken at now and returns the one to compute
-// rates against: the newest snapshot at least the window old, or else the
-// oldest one kept. ok is false when there is none at least a tenth of the
-// window (at least 100ms) old, where rates would be mostly noise.
-func (s *sampler) observe(now time.Time, cur sample) (base sample, ok bool) {
+// observe records the snapshot st taken at now, if it is time to keep one,
+// and returns the one to compute rates against: the newest snapshot at least
+// the window old, or else the oldest one kept. ok is false when there is
+// none at least a tenth of the window (at least 100ms) old, where rates
+// would be mostly noise.
+func (s *sampler) observe(now time.Time, st tinymq.Stats) (base sample, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Drop snapshots that an older-than-window one makes useless: keep
@@ -58,13 +64,14 @@ func (s *sampler) observe(now time.Time, cur sample) (base sample, ok bool) {
 		if n > maxSamples {
 			s.samples = slices.Delete(s.samples, 0, 1)
 		}
-		s.samples = append(s.samples, cur)
+		s.samples = append(s.samples, sampleOf(now, st))
 	}
 	return base, ok
 }
 
 // perSecond returns the rate of a counter that went from old to cur in dt,
-// rounded to 0.001. A counter that went down (a hostile engine) counts as 0.
+// rounded to 0.001. A counter that went down (a hostile engine, a queue
+// deleted and declared again) counts as 0.
 func perSecond(cur, old uint64, dt time.Duration) float64 {
 	if cur <= old || dt <= 0 {
 		return 0
@@ -77,13 +84,14 @@ func sampleOf(at time.Time, st tinymq.Stats) sample {
 	s := sample{
 		at:        at,
 		exchanges: make(map[string]exchangeCounters, len(st.Exchanges)),
-		queues:    make(map[string]counters, len(st.Queues)),
+		queues:    make(map[string]rateCounters, len(st.Queues)),
 	}
 	for name, ex := range st.Exchanges {
 		s.exchanges[name] = exchangeCounters{published: ex.Published, unroutable: ex.Unroutable}
 	}
 	for name, q := range st.Queues {
-		s.queues[name] = countersOf(q)
+		s.queues[name] = rateCounters{accepted: q.Accepted, delivered: q.Delivered, succeeded: q.Succeeded,
+			failed: q.Failed, deadLettered: q.DeadLettered, dropped: q.Dropped}
 	}
 	return s
 }

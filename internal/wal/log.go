@@ -55,6 +55,8 @@ type Log struct {
 	log  func(level slog.Level, msg string, attrs ...slog.Attr) // Options.Log
 	lock io.Closer
 
+	readOnly bool // opened by OpenReadOnly: no writer, no lock, nothing written
+
 	recovery Recovery // set by Open, read-only afterwards
 
 	reqs chan *request // closed by Close; the writer drains it
@@ -406,6 +408,9 @@ func (l *Log) usable() error {
 	if l.closed {
 		return ErrClosed
 	}
+	if l.readOnly {
+		return ErrReadOnly
+	}
 	return l.failure()
 }
 
@@ -422,6 +427,15 @@ func (l *Log) enqueue(r *request) {
 			}
 		}
 	}
+}
+
+// Err returns the error that failed the log (wrapping ErrFailed), ErrClosed
+// after Close, or nil while the log takes writes. It does not block.
+func (l *Log) Err() error {
+	if l.isClosed.Load() {
+		return ErrClosed
+	}
+	return l.failure()
 }
 
 // failure returns the error wrapping ErrFailed, or nil.

@@ -55,6 +55,12 @@ func (l *Log) recover() error {
 	if err := r.checkOldest(); err != nil {
 		return err
 	}
+	if l.readOnly { // OpenReadOnly: report what Open would cut, change nothing
+		if r.torn != nil {
+			r.report(r.torn.Cut)
+		}
+		return nil
+	}
 	if err := r.cutTorn(); err != nil {
 		return err
 	}
@@ -403,6 +409,10 @@ func (r *recoverer) corrupt(i int, f file, off int64, reason string) error {
 	path := r.path(i)
 	if !l.opts.Repair {
 		return &CorruptError{File: path, Offset: off, Reason: reason}
+	}
+	if l.readOnly {
+		r.reportLeftOut(i, f, off, reason)
+		return nil
 	}
 	if off > 0 {
 		size, err := f.Size()
