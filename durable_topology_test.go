@@ -640,6 +640,9 @@ func TestDurableTopologyCrashChild(t *testing.T) {
 //     ("F n") and one waiting for a retry when it is paused and purged
 //     ("PRE-PURGE", "PURGED"); then more are published ("Q n").
 //   - declared: "d" is declared with no consumer, and published to.
+//   - replay: "w" dead-letters its N messages into "dlq"; its consumer is
+//     cancelled, and each is replayed back to "w" ("PRE-REPLAY",
+//     "REPLAYED").
 //   - expiry: "x" (WithQueueExpiry) gets N messages while a consumer holds
 //     it paused; the consumer is cancelled ("CANCELLED") and the queue
 //     expires ("EXPIRED", logged once its record is written).
@@ -717,6 +720,23 @@ func topoChild(t *testing.T, scenario, dir string, every time.Duration, say func
 		publish("xe", "P", 0, n)
 		require.NoError(t, sub.Cancel(ctx))
 		say("CANCELLED")
+	case "replay":
+		require.NoError(t, m.DeclareQueue("dlq", "dlx", tinymq.Fanout, tinymq.WithDurable()))
+		require.NoError(t, m.DeclareQueue("w", "we", tinymq.Fanout, tinymq.WithDurable(), tinymq.WithDeadLetter("dlx", "")))
+		sub, err := m.Consume("w", func(context.Context, *tinymq.Msg) error { return tinymq.Permanent(errors.New("bug")) }, 1)
+		require.NoError(t, err)
+		publish("we", "P", 0, n)
+		require.Eventually(t, func() bool { return m.Stats().Queues["dlq"].Depth == n }, 10*time.Second, time.Millisecond)
+		require.NoError(t, sub.Cancel(ctx)) // the bug is fixed: what comes back waits in w
+		say("PRE-REPLAY")
+		for {
+			k, err := m.ReplayDeadLetters("dlq", 1)
+			require.NoError(t, err)
+			if k == 0 {
+				break
+			}
+		}
+		say("REPLAYED")
 	default:
 		t.Fatalf("unknown scenario %q", scenario)
 	}
@@ -768,6 +788,9 @@ var topoCrashCases = []topoCrashCase{
 	{"declared", "STARTED", 150 * time.Millisecond, 1, 0},
 	{"expiry", "CANCELLED", 300 * time.Millisecond, 2, 0}, // before, during or after the expiry
 	{"expiry", "EXPIRED", 30 * time.Millisecond, 1, 0},
+	{"replay", "P", 15 * time.Millisecond, 2, 0}, // dead-lettering, or replaying
+	{"replay", "PRE-REPLAY", 2 * time.Millisecond, 4, 0},
+	{"replay", "REPLAYED", 30 * time.Millisecond, 1, 0},
 	// A delete and a purge wait for an fdatasync whatever WithSync says.
 	{"delete", "DELETED", 5 * time.Millisecond, 2, 20 * time.Millisecond},
 	{"purge", "PURGED", 5 * time.Millisecond, 2, 20 * time.Millisecond},
@@ -858,7 +881,8 @@ func runTopoChild(t *testing.T, dir string, c topoCrashCase, rng *rand.Rand) []s
 // declaration; a message it shared with another durable queue comes back
 // only in that one; a purged message never comes back (one in a consumer at
 // the purge does); a queue declared without a consumer keeps every
-// confirmed message; and an expired queue stays deleted. Killed while the
+// confirmed message; an expired queue stays deleted; and a replayed dead
+// letter is in exactly one of its two queues. Killed while the
 // record was being written, the queue is either deleted (purged, expired)
 // or not, never half.
 func TestDurableTopologySurvivesPowerLoss(t *testing.T) {
@@ -943,6 +967,15 @@ func checkTopoRun(t *testing.T, dir string, c topoCrashCase, r topoRun) {
 		d := topoDrain(t, dir, topoDecl{"d", "de", nil})
 		assert.Subset(t, d.got["d"], r.ints["P"], "every confirmed message survives")
 		assert.True(t, slices.IsSorted(d.got["d"]), "in publish order")
+	case "replay":
+		d := topoDrain(t, dir, topoDecl{"dlq", "dlx", nil}, topoDecl{"w", "we", nil})
+		for _, v := range r.ints["P"] {
+			inW, inDLQ := in(d.got["w"], v, v+1), in(d.got["dlq"], v, v+1)
+			assert.Equal(t, 1, inW+inDLQ, "message %d is in w %d times and in dlq %d times: each move is one record", v, inW, inDLQ)
+		}
+		if r.markers["REPLAYED"] {
+			assert.Empty(t, d.got["dlq"], "every dead letter was moved back")
+		}
 	case "expiry":
 		m := tinymq.New(tinymq.WithDataDir(dir), quiet())
 		require.NoError(t, m.Start(context.Background()))

@@ -219,7 +219,8 @@ func (m *MQ) expireQueue(q *queue) {
 // publish racing the delete either reached the queue before it (and is
 // counted in what it removed) or does not reach it. For a durable queue the
 // delete is one log record: after a crash the queue stays deleted, and
-// declaring it again starts it empty. [IfUnused] refuses, with [ErrInUse], a
+// declaring it again starts it empty; the record is synced whatever
+// [WithSync] says. [IfUnused] refuses, with [ErrInUse], a
 // queue that has a consumer; [IfEmpty] refuses, with [ErrNotEmpty], one in
 // which messages wait or are in a consumer. It blocks only while a durable
 // queue's record is written, or a publish it counts is; called from a
@@ -407,7 +408,8 @@ func (q *queue) removeInFlight(m *Msg, err error) {
 // waiting for a retry), not those in a consumer, and returns how many, as
 // RabbitMQ's queue.purge does. They are counted in the queue's
 // [QueueStats].Purged and logged, not dead-lettered. For a durable queue the
-// purge is one log record: a purged message never comes back. It blocks only
+// purge is one log record, synced whatever [WithSync] says: a purged message
+// never comes back. It blocks only
 // while that record is written. It returns [ErrUnknownQueue] for a queue that
 // does not exist, and [ErrStopped] once Stop has begun.
 func (m *MQ) PurgeQueue(name string) (int, error) {

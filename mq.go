@@ -75,7 +75,9 @@ type MQ struct {
 	// quiescent). The scheduler's lock, the durable log's d.mu, the
 	// dead-letter ring's lock and walLogger.mu are leaves: none is held while
 	// another of these locks is taken or user code runs; d.mu alone is held
-	// while the log takes an acknowledgement's batch, which waits for the
+	// while the log takes an acknowledgement's batch (or a declare's, a
+	// delete's or a purge's: durableLog.deleteQueue takes the MQ's read lock
+	// before d.mu, and waits for the sync with neither), which waits for the
 	// log's writer only when a segment's worth is already waiting.
 	log       *slog.Logger
 	codec     Codec

@@ -409,7 +409,9 @@ func WithLogRepair() Option {
 // commit), so throughput grows with them. With an interval d > 0, Publish
 // returns once the message is written to the operating system, and the log is
 // synced at least every d: a crash of the process loses nothing, a crash of
-// the machine or a power loss loses the messages of the last d. A negative d
+// the machine or a power loss loses the messages of the last d. Whatever d,
+// [MQ.DeleteQueue], [MQ.PurgeQueue] and an expiry return (or log) only once
+// their record is synced: what they removed never comes back. A negative d
 // is invalid: the calls that open the log ([MQ.Start], and [MQ.RegisterQueue]
 // or [MQ.DeclareExchange] on an MQ with a data directory) return an error
 // wrapping [ErrInvalidOption].

@@ -167,6 +167,28 @@ var promises = []struct {
 		"TestTopologyCallsFromUserCodeNeverDeadlock", "TestCancelFromItsOwnConsumerReturnsAtOnce",
 	}},
 
+	// Topology at run time, durable
+	{"For a durable queue a delete, a purge and an expiry are each one synced record: after kill -9 or a power loss a deleted or expired queue stays deleted, declared again it starts empty, and a purged message never comes back; a declared queue keeps its backlog with no consumer", []string{
+		"TestDeletedDurableQueueStaysDeleted", "TestDurableQueueDeclaredAgainAfterItsDeleteGetsOnlyItsOwnMessages",
+		"TestMessageOfTwoDurableQueuesComesBackOnlyInTheOneNotDeleted", "TestPurgedDurableMessagesNeverComeBack",
+		"TestDurableQueueDeclaredWithoutAConsumerKeepsItsBacklogAcrossRestarts", "TestExpiredDurableQueueStaysDeleted",
+		"TestDeclaredDurableQueueIsListedAfterARestart", "TestDurableTopologySurvivesPowerLoss",
+		"TestDeleteAndPurgeOnAFailedLogReturnErrLog", "TestRecoveryCollectsWhatDeletedQueuesLeft",
+	}},
+
+	// Operating TinyMQ
+	{"Peek returns copies of the messages at the head of a queue, in order (those taken in a batch included, durable ones read from the log), and changes nothing", []string{
+		"TestPeekShowsTheHeadInOrderAndChangesNothing", "TestPeekSeesMessagesTakenInABatch",
+		"TestPeekReadsADurableQueueFromTheLog", "TestPeekRefusesBadInput",
+	}},
+	{"ReplayDeadLetters moves dead letters back to the exchange and key of their newest death, all or nothing each, one record per durable move (in exactly one of the two queues after a power loss); a message with no death record stays and is reported", []string{
+		"TestReplayMovesDeadLettersBackToWhereTheyDied", "TestReplayLeavesWhatCannotMove", "TestReplayRefusesBadInput",
+		"TestReplayOfADurableDeadLetterIsOneMove", "TestDurableTopologySurvivesPowerLoss",
+	}},
+	{"Health says whether the MQ is ready: started, not stopping, its log healthy", []string{
+		"TestHealthSaysWhetherTheMQIsReady",
+	}},
+
 	// Durability
 	{"A Publish that reached a durable queue returned nil only once the message was on disk", []string{
 		"TestDurableMessagesSurviveARestart", "TestDurablePublishHoldsNoLockAcrossItsSync", "TestCrash",

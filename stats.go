@@ -98,9 +98,10 @@ type QueueStats struct {
 	// Durable says that the queue keeps its messages in the write-ahead log
 	// ([WithDurable]).
 	Durable bool
-	// Unregistered marks a durable queue whose messages the log holds but
-	// that this process has not registered (yet): Depth and Ready count
-	// them, and every other field is zero. They are never deleted unasked.
+	// Unregistered marks a durable queue whose messages (or whose
+	// declaration) the log holds but that this process has not declared
+	// (yet): Depth and Ready count its messages, and every other field is
+	// zero. They are never deleted unasked.
 	Unregistered bool
 	// Stored counts the messages that the log holds for a durable queue of
 	// this name which this queue does not take, because it was registered
