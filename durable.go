@@ -41,6 +41,7 @@ type durableLog struct {
 	seqs      map[string]uint64            // exchange -> IDs reserved before this run
 	tombs     map[string]map[string]uint64 // queue -> the d/ tombstone this run wrote for it (see deleteQueue)
 	decls     map[string][]byte            // durable queue -> its q/ record in the log (see declared)
+	dedups    map[string][]dedupRecord     // exchange -> its unexpired i/ records, until it is declared (see restoreDedup)
 
 	garbage     []garbage // messages that recover found no queue holding, for collect
 	garbageKeys []string  // and keys that no longer matter: tombstones, a/ and s/ keys of messages gone
@@ -141,6 +142,7 @@ func (m *MQ) openLog() error {
 			ex.base = d.seqs[name]
 			ex.seq.Store(ex.base)
 		}
+		d.restoreDedup(ex)
 	}
 	return nil
 }
@@ -184,6 +186,7 @@ func (d *durableLog) recover() error {
 		tombs  map[string]map[string]uint64 // deleted queue -> exchange -> IDs up to which its messages are not the queue's
 		dec    msgDecoder
 		bad    error
+		now    = time.Now().UnixNano() // what i/ records expire by
 	)
 	err := d.log.Scan(func(k string, v []byte) bool {
 		switch k[:min(len(k), 2)] {
@@ -228,6 +231,21 @@ func (d *durableLog) recover() error {
 				tombs = make(map[string]map[string]uint64)
 			}
 			tombs[k[2:]] = up
+		case "i/":
+			ex, id, ok := parseQueueKey(k)
+			at, window, err := decodeDedup(v)
+			if !ok || err != nil {
+				bad = errBadRecord
+				return false
+			}
+			if now-at >= int64(window) {
+				d.garbageKeys = append(d.garbageKeys, k)
+				break
+			}
+			if d.dedups == nil {
+				d.dedups = make(map[string][]dedupRecord)
+			}
+			d.dedups[ex] = append(d.dedups[ex], dedupRecord{id: id, at: at})
 		case "q/":
 			if _, err := decodeQueueRecord(k[2:], v); err != nil {
 				bad = err
@@ -1054,6 +1072,9 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 			msgs[i].Data = Encoded{Body: body, Codec: d.codec}
 		}
 	}
+	if pc.dedupID != "" && ex.dedup != nil { // the ID is accepted with the message, or neither is
+		putDedup(b, ex.name, pc.dedupID, rec.publishedAt, ex.dedup.window)
+	}
 	if dl != nil && dl.src != nil { // the move to a durable queue is one record
 		d.ack(dl.src.queue, dl.src.key, b)
 		dl.src.moved = true
@@ -1077,6 +1098,7 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 		return fmt.Errorf("%w: %w", ErrLog, err)
 	}
 	committed = true
+	pc.dedupLogged = pc.dedupID != "" && ex.dedup != nil
 	return nil
 }
 

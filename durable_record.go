@@ -20,6 +20,7 @@ import (
 //	x/<exchange>                               IDs reserved for the exchange
 //	d/<queue>                                  the queue was deleted (a tombstone)
 //	q/<queue>                                  the durable queue is declared: its settings and bindings
+//	i/<len(exchange)><exchange><dedup ID>      WithDeduplicationID's ID, accepted at (see putDedup)
 //
 // A message's value lists the durable queues it was routed to; it is deleted,
 // with its a/ and s/ keys, when the last of them acknowledges it. A d/ value
@@ -32,7 +33,10 @@ import (
 // tombstones that no message is left for, and a/ and s/ keys whose message
 // is gone. Values start with a format version byte. Header values keep their
 // exact Go type, so that a consumer sees the same Msg before and after a
-// restart.
+// restart. An i/ record joins the batch of the message it came with, so that
+// the ID is recorded exactly when the message is; its value holds when it
+// was accepted and the window then in force, and recovery deletes it once
+// that window has passed (the MQ deletes it too when it forgets the ID).
 
 const recordVersion = 1
 

@@ -130,6 +130,13 @@ func (m *MQ) createOnEngine(exchange string, kind ExchangeType, name string, cfg
 	if exchange == "" {
 		return nil, fmt.Errorf("%w: exchange name", ErrEmptyName)
 	}
+	// QueueSpec carries neither: an engine would ignore them silently.
+	if cfg.deliveryTimeout > 0 {
+		return nil, fmt.Errorf("%w: WithDeliveryTimeout", ErrUnsupported)
+	}
+	if cfg.rate > 0 {
+		return nil, fmt.Errorf("%w: WithRateLimit", ErrUnsupported)
+	}
 	retry := cfg.retry
 	if retry.MaxAttempts == 0 {
 		retry.MaxAttempts = 1

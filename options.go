@@ -3,6 +3,7 @@ package tinymq
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"reflect"
 	"time"
 )
@@ -41,6 +42,7 @@ type queueConfig struct {
 	dlxKey   string
 	durable  bool
 	expiry   time.Duration // WithQueueExpiry
+	flow                   // WithDeliveryTimeout, WithRateLimit
 }
 
 // same reports whether c and o ask for the same queue, bindings aside: what
@@ -49,7 +51,7 @@ type queueConfig struct {
 func (c queueConfig) same(o queueConfig) bool {
 	return c.retry == o.retry && c.ttl == o.ttl && c.maxLen == o.maxLen && c.overflow == o.overflow &&
 		c.dlx == o.dlx && c.dlxKey == o.dlxKey && c.durable == o.durable && c.expiry == o.expiry &&
-		funcID(c.filter) == funcID(o.filter)
+		funcID(c.filter) == funcID(o.filter) && c.flow == o.flow
 }
 
 type queueOptionFunc func(*queueConfig) error
@@ -442,7 +444,7 @@ func WithDurable() QueueOption {
 
 // ExchangeOption configures an exchange in [MQ.DeclareExchange].
 type ExchangeOption interface {
-	applyExchange(*exchangeConfig)
+	applyExchange(*exchangeConfig) error
 }
 
 // WithAlternateExchange names the exchange that receives, with the same routing
@@ -450,7 +452,7 @@ type ExchangeOption interface {
 // RabbitMQ's alternate-exchange argument does. Publish returns [ErrNoRoute] only
 // when the alternate exchange cannot route it either (or does not exist).
 func WithAlternateExchange(name string) ExchangeOption {
-	return exchangeOptionFunc(func(c *exchangeConfig) { c.alternate = name })
+	return exchangeOptionFunc(func(c *exchangeConfig) error { c.alternate = name; return nil })
 }
 
 // PublishOption configures one Publish call. Options are plain values, so
@@ -509,4 +511,126 @@ func WithExpiration(ttl time.Duration) PublishOption {
 // length limit) while it waits, and Stop waits for it.
 func WithDelay(d time.Duration) PublishOption {
 	return PublishOption{kind: optDelay, d: d}
+}
+
+// Deduplication: WithDeduplication and WithDeduplicationID.
+
+// optDedupID is WithDeduplicationID's kind, apart from the block above so
+// that options added there do not collide with it.
+const optDedupID publishOptionKind = 64
+
+// WithDeduplication makes the exchange remember, for window after it accepted
+// a message, the ID its publisher gave it with [WithDeduplicationID]: a
+// Publish of an ID accepted within the window returns nil without routing
+// the message again, and counts in [ExchangeStats].Duplicates, so that a
+// producer that retries after a timeout or a crash sees success and creates
+// no duplicate. The window counts from when the first publish was accepted.
+//
+// Memory is bounded: the exchange remembers at most 65536 IDs (plus one for
+// each publish of a new ID still under way), each costing about 100 bytes
+// plus its length; past that bound the oldest ID is forgotten before its
+// window ends, and a retry of it is routed again. A publish that failed
+// (Publish returned an error) leaves no ID behind.
+//
+// With a data directory ([WithDataDir]) the ID of a message that reached a
+// durable queue is written to the log in the same record as the message, so
+// that the window survives a restart or a crash: a retry after the restart,
+// once the exchange is declared again with WithDeduplication, is a
+// duplicate. The ID of a message that reached only in-memory queues is kept in
+// memory only: that message does not survive a restart either, so a retry
+// after the restart publishes it again.
+//
+// window must be positive; DeclareExchange returns [ErrInvalidOption]
+// otherwise, and [ErrUnsupported] on an [Engine]. Declaring the exchange
+// again with another window returns [ErrExchangeMismatch].
+func WithDeduplication(window time.Duration) ExchangeOption {
+	return exchangeOptionFunc(func(c *exchangeConfig) error {
+		if window <= 0 {
+			return fmt.Errorf("%w: deduplication window %v", ErrInvalidOption, window)
+		}
+		c.dedup = window
+		return nil
+	})
+}
+
+// WithDeduplicationID gives the message an ID, 1 to 255 bytes, that its
+// exchange ([WithDeduplication]) routes at most once within its window: a
+// Publish of an ID already accepted returns nil and routes nothing. Two
+// concurrent publishes of one ID route it once: the second waits for the
+// first (until its ctx ends) and returns nil once the first is accepted; if
+// the first failed, the second is routed in its turn and returns its own
+// outcome. Publish returns [ErrInvalidOption] for an empty or longer ID, or
+// for an exchange without WithDeduplication (routing it anyway would break
+// the promise the producer relies on), and [ErrUnsupported] on an [Engine].
+func WithDeduplicationID(id string) PublishOption {
+	return PublishOption{kind: optDedupID, key: id}
+}
+
+// Delivery timeout and rate limit: the options that pace a queue's
+// consumers.
+
+// flow is what WithDeliveryTimeout and WithRateLimit ask of a queue.
+type flow struct {
+	deliveryTimeout time.Duration // WithDeliveryTimeout; 0: none
+	rate            float64       // WithRateLimit: deliveries per second; 0: no limit
+	burst           int           // WithRateLimit's burst
+}
+
+// WithDeliveryTimeout gives each delivery d to complete: the consumer's
+// context has a deadline d after the call begins, and a consumer that has
+// not returned by then has failed with an error wrapping
+// [ErrDeliveryTimeout]. The queue's retry policy then applies, and
+// dead-lettering after the last attempt, as for any failure; what the late
+// call returns is ignored (it is not acknowledged, nor logged). A consumer
+// that returns an error once its deadline passed (such as ctx.Err()) fails
+// with ErrDeliveryTimeout too, wrapping its own error.
+//
+// The late call is abandoned, not killed (Go cannot stop a goroutine): a new
+// goroutine takes its worker slot, so the queue keeps its concurrency, while
+// the old one ends when its consumer returns. A consumer should therefore
+// watch its context. Each subscription keeps at most as many abandoned calls
+// as it has workers; past that bound, a call that times out still fails at
+// d, but its worker waits for it to return before it takes another message.
+// [QueueStats].Abandoned shows the calls abandoned now, and TimedOut counts
+// the timeouts. [MQ.Stop] and [Subscription.Cancel] wait for the abandoned
+// calls to return, as they wait for any consumer; [MQ.Shutdown]'s deadline
+// bounds that wait, and Shutdown then reports them in its error.
+//
+// A queue without this option has no timer and no goroutine per delivery.
+// d must be positive; an [Engine] refuses it with [ErrUnsupported].
+func WithDeliveryTimeout(d time.Duration) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: delivery timeout %v", ErrInvalidOption, d)
+		}
+		c.deliveryTimeout = d
+		return nil
+	})
+}
+
+// WithRateLimit lets the queue's deliveries begin at most perSecond times a
+// second, with bursts of up to burst: a token bucket, full at first, that
+// holds burst tokens and gains perSecond of them a second; each delivery
+// (retries included) takes one. It limits the queue as a whole, whatever its
+// concurrency and number of consumers. A worker that finds no token waits,
+// and messages wait in the queue meanwhile: their TTLs run, and an expired
+// head is dead-lettered as usual. The limit costs no goroutine and no timer
+// of its own: the MQ's scheduler wakes the queue when the next token is
+// due. A rate-limited queue hands out one message at a time, as a queue
+// with a TTL does.
+//
+// perSecond must be positive and finite, and burst at least 1; otherwise
+// RegisterQueue returns [ErrInvalidOption]. An [Engine] refuses it with
+// [ErrUnsupported].
+func WithRateLimit(perSecond float64, burst int) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		if !(perSecond > 0) || math.IsInf(perSecond, 1) {
+			return fmt.Errorf("%w: rate limit %v a second", ErrInvalidOption, perSecond)
+		}
+		if burst < 1 {
+			return fmt.Errorf("%w: rate limit burst %d", ErrInvalidOption, burst)
+		}
+		c.rate, c.burst = perSecond, burst
+		return nil
+	})
 }

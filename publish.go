@@ -31,9 +31,13 @@ func (m *MQ) Publish(exchange string, data any, opts ...PublishOption) error {
 // ([ErrQueueFull], wrapping ctx.Err() when waiting for room ended); an option
 // is invalid ([ErrKeyTooLong], [ErrInvalidHeaders], [ErrInvalidOption]); the
 // message is larger than [WithMaxMessageSize] allows ([ErrTooLarge]); a
-// filter panics ([*PanicError]); or Stop has begun ([ErrStopped]). Publishing
-// before Start is allowed: the message waits for Start. It is safe for
-// concurrent use.
+// filter panics ([*PanicError]); a matching queue of a typed consumer
+// ([RegisterHandler] and its kin) could never take data ([ErrPayloadType]);
+// or Stop has begun ([ErrStopped]). With [WithDeduplicationID], a publish of
+// an ID that the exchange accepted within its window returns nil and routes
+// nothing (even once Stop has begun), and one of an ID whose first publish
+// is under way waits for it. Publishing before Start is allowed: the message
+// waits for Start. It is safe for concurrent use.
 func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts ...PublishOption) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
@@ -51,13 +55,22 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 	if m.engine != nil {
 		return m.publishOnEngine(ctx, exchange, data, &r.pc)
 	}
+	if r.pc.dedupID != "" {
+		return m.publishOnce(ctx, exchange, &r)
+	}
+	return m.publishRecords(ctx, exchange, &r)
+}
+
+// publishRecords is PublishContext once the options are checked: it encodes
+// what a durable queue needs, and routes r, waiting for room as need be.
+func (m *MQ) publishRecords(ctx context.Context, exchange string, r *records) error {
 	if m.anyDurable.Load() {
-		if err := m.preEncode(exchange, data, &r.pc); err != nil {
+		if err := m.preEncode(exchange, r.data, &r.pc); err != nil {
 			return err
 		}
 	}
 	for {
-		room, err := m.publish(exchange, &r, nil)
+		room, err := m.publish(exchange, r, nil)
 		if room == nil {
 			settleEvicted(r.evicted)
 			return err
@@ -83,6 +96,9 @@ func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc 
 	m.mu.RUnlock()
 	if stopping {
 		return ErrStopped
+	}
+	if pc.dedupID != "" {
+		return fmt.Errorf("%w: WithDeduplicationID", ErrUnsupported)
 	}
 	return m.engine.Publish(ctx, Publishing{Exchange: exchange, RoutingKey: pc.routingKey, Headers: pc.headers,
 		Data: data, Expiration: pc.ttl, Delay: pc.delay})
@@ -221,6 +237,12 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 			dst, msgs = dst[:keep], msgs[:keep]
 		}
 		if len(dst) > 0 {
+			if cur.typed && dl == nil { // typed publish, all or nothing: see handler.go
+				if err := m.checkPayloads(dst, r.data); err != nil {
+					m.mu.RUnlock()
+					return nil, err
+				}
+			}
 			return m.enqueue(r, dst, msgs, dl) // releases the read lock
 		}
 		if cur.cfg.alternate == "" {
@@ -537,6 +559,9 @@ type publishConfig struct {
 	ttl        time.Duration
 	delay      time.Duration
 	encoded    []byte // Data already encoded for the log, or nil
+
+	dedupID     string // WithDeduplicationID, or ""
+	dedupLogged bool   // logMessage wrote dedupID's i/ record with the message
 }
 
 func (c *publishConfig) apply(opts []PublishOption) error {
@@ -555,6 +580,11 @@ func (c *publishConfig) apply(opts []PublishOption) error {
 			} else {
 				c.delay = o.d
 			}
+		case optDedupID:
+			if o.key == "" || len(o.key) > maxDedupIDLen {
+				return fmt.Errorf("%w: deduplication ID of %d bytes, want 1 to %d", ErrInvalidOption, len(o.key), maxDedupIDLen)
+			}
+			c.dedupID = o.key
 		default:
 			return ErrInvalidOption
 		}

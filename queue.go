@@ -76,6 +76,10 @@ type queue struct {
 	abortLost   uint64          // what abort counted as undelivered, for drain to log
 	left        retiredCounts   // what the workers that left counted
 	inboundGone chan struct{}   // closed when a deleted queue's last inbound publish arrived (see DeleteQueue)
+	abandoned   int             // calls that outlived WithDeliveryTimeout and still run, their slots given to new goroutines
+	tokens      float64         // WithRateLimit: the bucket's tokens at tokensAt
+	tokensAt    int64           // UnixNano of the last refill of tokens
+	rateArmed   bool            // the scheduler holds a rate item: it wakes the queue when the next token is due
 
 	// The workers' counters below get a cache line of their own, away from
 	// the fields publishers write under mu.
@@ -96,6 +100,7 @@ type queueCounters struct {
 	deadLettered, expired, overflowed atomic.Uint64
 	rejected, dropped, undelivered    atomic.Uint64
 	purged, removed, replayed         atomic.Uint64
+	timedOut                          atomic.Uint64 // WithDeliveryTimeout's deadline passed first
 }
 
 func newQueue(id int, name string, cfg queueConfig, mq *MQ) *queue {
@@ -104,7 +109,39 @@ func newQueue(id int, name string, cfg queueConfig, mq *MQ) *queue {
 		q.cfg.retry.MaxAttempts = 1
 	}
 	q.cond.L = &q.mu
+	q.tokens = float64(cfg.burst)
 	return q
+}
+
+// tokenLocked takes a token of WithRateLimit's bucket, after refilling it
+// from the clock, and returns 0; or, when the bucket holds less than one,
+// returns how long until it will, taking nothing. A queue without a rate
+// limit never calls it. q.mu is held.
+func (q *queue) tokenLocked() time.Duration {
+	now := time.Now().UnixNano()
+	if q.tokensAt == 0 {
+		q.tokensAt = now // the bucket starts full
+	}
+	if elapsed := now - q.tokensAt; elapsed > 0 {
+		q.tokens = min(q.tokens+float64(elapsed)/1e9*q.cfg.rate, float64(q.cfg.burst))
+		q.tokensAt = now
+	}
+	const slack = 1e-9 // float rounding must not make a due token wait for another wake
+	if q.tokens >= 1-slack {
+		q.tokens--
+		return 0
+	}
+	return max(time.Duration(math.Ceil((1-q.tokens)/q.cfg.rate*1e9)), 1)
+}
+
+// rateWake is the scheduler's wake of a rate-limited queue whose next token
+// is due: a parked worker takes it (see take).
+func (q *queue) rateWake() {
+	q.mu.Lock()
+	q.rateArmed = false
+	wake := q.wakeForLocked(q.buf.n)
+	q.mu.Unlock()
+	q.wakeAfter(wake, 0)
 }
 
 // fullLocked reports whether the queue is at its length limit, counting the

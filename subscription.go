@@ -21,7 +21,8 @@ type Subscription struct {
 	// Under q.mu:
 	cancelled bool
 	started   bool          // its workers' goroutines were started
-	alive     int           // its workers' goroutines that have not ended
+	alive     int           // its workers' goroutines that have not ended, abandoned ones included
+	abandoned int           // goroutines whose call outlived WithDeliveryTimeout, another having taken their slot; at most n
 	done      chan struct{} // closed when the last of them ended (or none was started)
 }
 
@@ -79,6 +80,9 @@ func (m *MQ) consume(name string, c consumer, concurrency int) (*Subscription, e
 	q := m.queues[name]
 	if q == nil {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownQueue, name)
+	}
+	if err := m.typeQueueLocked(q, c); err != nil { // typed publish: see handler.go
+		return nil, err
 	}
 	if m.engine != nil {
 		es, err := m.engine.Consume(name, c.fn, concurrency)

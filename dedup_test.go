@@ -1,0 +1,412 @@
+package tinymq_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinymq/tinymq"
+)
+
+// dedupMQ is an MQ with a fanout exchange "ev" deduplicating over window and
+// one in-memory queue "q" whose consumer sends what it gets to the channel.
+func dedupMQ(t *testing.T, window time.Duration) (*tinymq.MQ, <-chan *tinymq.Msg) {
+	t.Helper()
+	m := tinymq.New()
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(window)))
+	got := make(chan *tinymq.Msg, 100)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("q")))
+	return m, got
+}
+
+// A publish whose ID the exchange accepted within the window returns nil,
+// routes nothing and counts as a duplicate; once the window has passed, the
+// ID is routed again.
+func TestDeduplicationRoutesAnIDOnceWithinTheWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, got := dedupMQ(t, time.Minute)
+		require.NoError(t, m.Start(context.Background()))
+		defer m.Stop()
+		require.NoError(t, m.Publish("ev", "first", tinymq.WithDeduplicationID("order-1")))
+		time.Sleep(time.Minute - time.Nanosecond)
+		require.NoError(t, m.Publish("ev", "retry", tinymq.WithDeduplicationID("order-1")), "a duplicate must see success")
+		require.NoError(t, m.Publish("ev", "other", tinymq.WithDeduplicationID("order-2")))
+		synctest.Wait()
+		st := m.Stats()
+		assert.Equal(t, uint64(1), st.Exchanges["ev"].Duplicates)
+		assert.Equal(t, uint64(2), st.Exchanges["ev"].Published)
+		assert.Equal(t, uint64(2), st.Queues["q"].Accepted)
+
+		time.Sleep(time.Nanosecond) // the window of order-1 has passed
+		require.NoError(t, m.Publish("ev", "again", tinymq.WithDeduplicationID("order-1")))
+		require.NoError(t, m.Publish("ev", "plain")) // no ID: never deduplicated
+		require.NoError(t, m.Publish("ev", "plain"))
+		synctest.Wait()
+		var data []any
+		for len(got) > 0 {
+			data = append(data, (<-got).Data)
+		}
+		assert.Equal(t, []any{"first", "other", "again", "plain", "plain"}, data)
+		assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates)
+	})
+}
+
+// Concurrent publishes of one ID route it once, and every one of them
+// returns nil.
+func TestDeduplicationConcurrentPublishesRouteOnce(t *testing.T) {
+	const pubs = 16
+	for round := range 20 {
+		m, got := dedupMQ(t, time.Hour)
+		id := fmt.Sprint("id-", round)
+		var wg sync.WaitGroup
+		errs := make([]error, pubs)
+		start := make(chan struct{})
+		for i := range pubs {
+			wg.Go(func() {
+				<-start
+				errs[i] = m.Publish("ev", i, tinymq.WithDeduplicationID(id))
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "publish %d", i)
+		}
+		st := m.Stats()
+		assert.Equal(t, uint64(1), st.Queues["q"].Accepted, "round %d: routed once", round)
+		assert.Equal(t, uint64(pubs-1), st.Exchanges["ev"].Duplicates)
+		assert.Len(t, got, 0, "not started: nothing delivered")
+		m.Stop()
+	}
+}
+
+// A publish of an ID that another publish is routing waits for it; when that
+// one fails, the waiting one is routed in its turn (here the first waits
+// for room in a full queue until its context ends).
+func TestDeduplicationRetriesWhenTheFirstPublishFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+		release := make(chan struct{})
+		var got []any
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			<-release
+			got = append(got, msg.Data)
+			return nil
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithMaxLen(1, tinymq.Block)))
+		require.NoError(t, m.Publish("ev", "filler"))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		first := make(chan error, 1)
+		go func() { first <- m.PublishContext(ctx, "ev", "first", tinymq.WithDeduplicationID("a")) }()
+		synctest.Wait() // the first waits for room
+		second := make(chan error, 1)
+		go func() { second <- m.Publish("ev", "second", tinymq.WithDeduplicationID("a")) }()
+		synctest.Wait()
+		select {
+		case err := <-second:
+			t.Fatalf("the second publish returned %v while the first was under way", err)
+		default:
+		}
+		time.Sleep(time.Second) // the first's context ends
+		require.ErrorIs(t, <-first, tinymq.ErrQueueFull)
+		synctest.Wait() // the second now waits for room itself
+		require.NoError(t, m.Start(context.Background()))
+		close(release)
+		require.NoError(t, <-second)
+		require.NoError(t, m.Publish("ev", "third", tinymq.WithDeduplicationID("a")))
+		m.Stop()
+		assert.Equal(t, []any{"filler", "second"}, got)
+		assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates)
+	})
+}
+
+// A publish that failed leaves no ID behind: the retry is routed.
+func TestDeduplicationForgetsAFailedPublish(t *testing.T) {
+	m := tinymq.New()
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+	require.ErrorIs(t, m.Publish("ev", 1, tinymq.WithDeduplicationID("a")), tinymq.ErrNoRoute)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q")))
+	require.NoError(t, m.Publish("ev", 1, tinymq.WithDeduplicationID("a")))
+	st := m.Stats()
+	assert.Equal(t, uint64(1), st.Queues["q"].Accepted)
+	assert.Zero(t, st.Exchanges["ev"].Duplicates)
+	m.Stop()
+}
+
+// The options are checked: a window must be positive, an ID 1 to 255 bytes,
+// and an ID needs an exchange that deduplicates.
+func TestDeduplicationOptionsAreValidated(t *testing.T) {
+	m := tinymq.New()
+	defer m.Stop()
+	for _, w := range []time.Duration{0, -time.Second} {
+		assert.ErrorIs(t, m.DeclareExchange("bad", tinymq.Fanout, tinymq.WithDeduplication(w)), tinymq.ErrInvalidOption, "window %v", w)
+	}
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Minute)))
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Minute)), "the same again")
+	assert.ErrorIs(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)), tinymq.ErrExchangeMismatch)
+	assert.ErrorIs(t, m.DeclareExchange("ev", tinymq.Fanout), tinymq.ErrExchangeMismatch)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1))
+	require.NoError(t, m.RegisterQueue("plain", tinymq.Fanout, failing, 1))
+	for _, id := range []string{"", strings.Repeat("x", 256)} {
+		assert.ErrorIs(t, m.Publish("ev", 1, tinymq.WithDeduplicationID(id)), tinymq.ErrInvalidOption, "ID of %d bytes", len(id))
+	}
+	require.NoError(t, m.Publish("ev", 1, tinymq.WithDeduplicationID(strings.Repeat("x", 255))))
+	assert.ErrorIs(t, m.Publish("plain", 1, tinymq.WithDeduplicationID("a")), tinymq.ErrInvalidOption, "no WithDeduplication")
+	assert.ErrorIs(t, m.Publish("none", 1, tinymq.WithDeduplicationID("a")), tinymq.ErrUnknownExchange)
+	assert.Zero(t, m.Stats().Queues["plain#2"].Accepted)
+}
+
+// An exchange remembers at most 65536 IDs: past that the oldest is
+// forgotten before its window ends, and a retry of it is routed again.
+func TestDeduplicationMemoryIsBounded(t *testing.T) {
+	const bound = 1 << 16
+	m := tinymq.New()
+	defer m.Stop()
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q")))
+	for i := range bound + 1 {
+		require.NoError(t, m.Publish("ev", nil, tinymq.WithDeduplicationID(strconv.Itoa(i))))
+	}
+	require.NoError(t, m.Publish("ev", nil, tinymq.WithDeduplicationID("1")), "still remembered")
+	assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates)
+	require.NoError(t, m.Publish("ev", nil, tinymq.WithDeduplicationID("0")), "forgotten past the bound")
+	st := m.Stats()
+	assert.Equal(t, uint64(1), st.Exchanges["ev"].Duplicates)
+	assert.Equal(t, uint64(bound+2), st.Queues["q"].Accepted)
+}
+
+// A duplicate returns nil even while the MQ stops: the message was
+// accepted, and a producer told otherwise would publish it elsewhere.
+func TestDeduplicationDuplicateAfterStopSucceeds(t *testing.T) {
+	m, _ := dedupMQ(t, time.Hour)
+	require.NoError(t, m.Publish("ev", 1, tinymq.WithDeduplicationID("a")))
+	m.Stop()
+	require.NoError(t, m.Publish("ev", 1, tinymq.WithDeduplicationID("a")))
+	assert.ErrorIs(t, m.Publish("ev", 1, tinymq.WithDeduplicationID("b")), tinymq.ErrStopped)
+}
+
+// durableDedup declares "ev" deduplicating over window, with a durable
+// queue "dq" and an in-memory queue "mq" of its own exchange "mem", also
+// deduplicating, on an MQ with dir; their consumers record what they get.
+func durableDedup(t *testing.T, dir string, window time.Duration, got *recorder) *tinymq.MQ {
+	t.Helper()
+	m := tinymq.New(tinymq.WithDataDir(dir), quiet())
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(window)))
+	require.NoError(t, m.DeclareExchange("mem", tinymq.Fanout, tinymq.WithDeduplication(window)))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, got.consume, 1, tinymq.WithQueueName("dq"), tinymq.WithDurable()))
+	require.NoError(t, m.RegisterQueue("mem", tinymq.Fanout, got.consume, 1, tinymq.WithQueueName("mq")))
+	return m
+}
+
+// recorder counts the messages each queue got, by their data.
+type recorder struct {
+	mu  sync.Mutex
+	got map[string]map[string]int
+}
+
+func (r *recorder) consume(_ context.Context, msg *tinymq.Msg) error {
+	var s string
+	if e, ok := msg.Data.(tinymq.Encoded); ok {
+		if err := e.Decode(&s); err != nil {
+			return err
+		}
+	} else {
+		s = fmt.Sprint(msg.Data)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.got == nil {
+		r.got = make(map[string]map[string]int)
+	}
+	if r.got[msg.Queue] == nil {
+		r.got[msg.Queue] = make(map[string]int)
+	}
+	r.got[msg.Queue][s]++
+	return nil
+}
+
+func (r *recorder) count(queue, data string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.got[queue][data]
+}
+
+// The window survives a restart for a message that reached a durable
+// queue: its ID was written with it. The ID of a message of in-memory queues
+// is not kept: that message is gone after the restart, and a retry
+// publishes it again.
+func TestDeduplicationWindowSurvivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	var before recorder
+	m := durableDedup(t, dir, time.Hour, &before)
+	require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")))
+	require.NoError(t, m.Publish("mem", "m1", tinymq.WithDeduplicationID("b")))
+	stopWithin(t, m) // never started: both wait
+
+	var after recorder
+	m = durableDedup(t, dir, time.Hour, &after)
+	require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")), "the producer's retry")
+	require.NoError(t, m.Publish("mem", "m1", tinymq.WithDeduplicationID("b")))
+	st := m.Stats()
+	assert.Equal(t, uint64(1), st.Exchanges["ev"].Duplicates, "the durable message's ID survived")
+	assert.Zero(t, st.Exchanges["mem"].Duplicates, "the in-memory message's did not")
+	require.NoError(t, m.Start(context.Background()))
+	waitDrained(t, m, "dq")
+	waitDrained(t, m, "mq")
+	stopWithin(t, m)
+	assert.Equal(t, 1, after.count("dq", "d1"), "restored once, not routed again")
+	assert.Equal(t, 1, after.count("mq", "m1"), "the lost in-memory message published again")
+
+	// Acknowledged since, the message is gone from the log; its ID stays
+	// for the window.
+	m = durableDedup(t, dir, time.Hour, &after)
+	require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")))
+	assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates, "acknowledged, and still within the window")
+	stopWithin(t, m)
+}
+
+// An ID recorded in the log goes once its window has passed: the next
+// recovery routes its retry again and deletes the record.
+func TestDeduplicationRecordsExpireInTheLog(t *testing.T) {
+	dir := t.TempDir()
+	var got recorder
+	m := durableDedup(t, dir, time.Nanosecond, &got)
+	require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")))
+	stopWithin(t, m)
+	assert.Equal(t, 1, topoLogKeys(t, dir)["i/"])
+
+	m = durableDedup(t, dir, time.Nanosecond, &got)
+	require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")), "the window has passed")
+	assert.Zero(t, m.Stats().Exchanges["ev"].Duplicates)
+	require.NoError(t, m.Start(context.Background()))
+	waitDrained(t, m, "dq")
+	stopWithin(t, m)
+	assert.Equal(t, 2, got.count("dq", "d1"))
+	keys := topoLogKeys(t, dir)
+	assert.LessOrEqual(t, keys["i/"], 1, "the expired record was deleted; at most the new one is left: %v", keys)
+
+	m = durableDedup(t, dir, time.Nanosecond, &got)
+	stopWithin(t, m)
+	assert.Zero(t, topoLogKeys(t, dir)["i/"])
+}
+
+// dedupChildEnv names the data directory of a child of
+// TestDeduplicationSurvivesAKill.
+const dedupChildEnv = "TINYMQ_DEDUP_CHILD_DIR"
+
+// TestDeduplicationKilledChild is the program TestDeduplicationSurvivesAKill
+// kills: it publishes 0, 1, 2, ... with IDs of the same text to a durable
+// queue, printing "P n" once Publish(n) returned nil.
+func TestDeduplicationKilledChild(t *testing.T) {
+	dir := os.Getenv(dedupChildEnv)
+	if dir == "" {
+		t.Skip("runs in a child process of TestDeduplicationSurvivesAKill")
+	}
+	m := tinymq.New(tinymq.WithDataDir(dir))
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("dq"), tinymq.WithDurable()))
+	for i := 0; ; i++ {
+		require.NoError(t, m.Publish("ev", strconv.Itoa(i), tinymq.WithDeduplicationID(strconv.Itoa(i))))
+		fmt.Fprintf(os.Stdout, "P %d\n", i)
+	}
+}
+
+// A producer killed with SIGKILL, whatever its publish was doing, retries
+// after the restart every publish it cannot know the fate of (all those it
+// saw confirmed, and the one under way): each message is delivered once.
+func TestDeduplicationSurvivesAKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills child processes")
+	}
+	for cycle := range 3 {
+		dir := t.TempDir()
+		last := runDedupChild(t, dir, 5+rand.IntN(100))
+		var got recorder
+		m := tinymq.New(tinymq.WithDataDir(dir), quiet())
+		require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, got.consume, 1, tinymq.WithQueueName("dq"), tinymq.WithDurable()))
+		for i := 0; i <= last+1; i++ { // last+1 may or may not have been committed
+			require.NoError(t, m.Publish("ev", strconv.Itoa(i), tinymq.WithDeduplicationID(strconv.Itoa(i))))
+		}
+		require.NoError(t, m.Start(context.Background()))
+		waitDrained(t, m, "dq")
+		dups := m.Stats().Exchanges["ev"].Duplicates
+		stopWithin(t, m)
+		assert.GreaterOrEqual(t, dups, uint64(last+1), "cycle %d: every confirmed publish is a duplicate", cycle)
+		for i := 0; i <= last+1; i++ {
+			require.Equal(t, 1, got.count("dq", strconv.Itoa(i)), "cycle %d: message %d of 0..%d", cycle, i, last+1)
+		}
+	}
+}
+
+// runDedupChild runs TestDeduplicationKilledChild on dir, kills it once it
+// confirmed after publishes, and returns the last one it confirmed.
+func runDedupChild(t *testing.T, dir string, after int) int {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDeduplicationKilledChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), dedupChildEnv+"="+dir)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	var killed atomic.Bool
+	timer := time.AfterFunc(time.Minute, func() { // a child that prints nothing
+		killed.Store(true)
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+	})
+	defer timer.Stop()
+	last := -1
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 || f[0] != "P" {
+			continue
+		}
+		n, err := strconv.Atoi(f[1])
+		require.NoError(t, err)
+		require.Equal(t, last+1, n, "confirmed out of order")
+		last = n
+		if n == after {
+			require.NoError(t, cmd.Process.Signal(syscall.SIGKILL)) // what it prints meanwhile is read on
+		}
+	}
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	require.True(t, errors.As(err, &exit), "the child ended with %v:\n%s", err, stderr.String())
+	require.False(t, killed.Load(), "the child confirmed nothing in a minute:\n%s", stderr.String())
+	require.GreaterOrEqual(t, last, after)
+	return last
+}
+
+// IDs recorded in the log are deleted once the MQ forgets them (their
+// window passed, or the bound), in batches, without a restart.
+func TestDeduplicationForgottenRecordsLeaveTheLog(t *testing.T) {
+	dir := t.TempDir()
+	var got recorder
+	m := durableDedup(t, dir, time.Nanosecond, &got)
+	const n = 300
+	for i := range n {
+		require.NoError(t, m.Publish("ev", "d", tinymq.WithDeduplicationID(strconv.Itoa(i))))
+	}
+	stopWithin(t, m)
+	keys := topoLogKeys(t, dir)
+	assert.Less(t, keys["i/"], n, "a batch of forgotten IDs was deleted: %v", keys)
+	assert.Equal(t, n, keys["m/"])
+}
