@@ -220,7 +220,7 @@ func (m *MQ) ReplayDeadLetters(queue string, n int) (int, error) {
 		}
 		m.dur.ackUnmoved(src)
 		q.c.replayed.Add(1)
-		q.doneHead()
+		q.doneHead(&e)
 		moved++
 	}
 	if len(kept) > 0 {
@@ -249,16 +249,26 @@ func (q *queue) takeHead() (entry, bool) {
 	if q.buf.n == 0 {
 		return entry{}, false
 	}
-	e := q.popLocked()
+	// Not popLocked: a grouped head keeps its group until doneHead (putBack
+	// returns it to the head of buf, its group's message out still).
+	var one [1]entry
+	e := q.buf.pop(one[:0], 1)[0]
+	q.begun.Add(1)
 	q.busy++
 	q.freeRoomLocked()
 	return e, true
 }
 
-// doneHead ends what takeHead began, for a message that left the queue.
-func (q *queue) doneHead() {
+// doneHead ends what takeHead began, for e, a message that left the queue:
+// its group (WithGroupOrdering) goes on.
+func (q *queue) doneHead(e *entry) {
 	q.mu.Lock()
 	q.busy--
+	if q.cfg.groups {
+		if g := e.group(); g != "" {
+			q.groupDoneLocked(g)
+		}
+	}
 	q.reportIfQuiescentLocked()
 	q.mu.Unlock()
 }

@@ -102,6 +102,7 @@ type recoveredMsg struct {
 	visibleAt   int64
 	expiration  time.Duration
 	state       *queueState // nil unless the queue retried it
+	group       string      // WithMessageGroup, or ""
 }
 
 // openLog opens the MQ's log and reads what it holds. The caller holds the
@@ -178,6 +179,7 @@ func (d *durableLog) recover() error {
 		visibleAt   int64
 		expiration  time.Duration
 		queues      []string // shared with the message before when equal
+		group       string
 	}
 	var (
 		msgs   = make([]logged, 0, d.log.Stats().LiveKeys)
@@ -197,7 +199,7 @@ func (d *durableLog) recover() error {
 				return false
 			}
 			msgs = append(msgs, logged{key: k, publishedAt: s.publishedAt, visibleAt: s.visibleAt,
-				expiration: s.expiration, queues: s.queues})
+				expiration: s.expiration, queues: s.queues, group: s.group})
 		case "a/":
 			q, mk, ok := parseQueueKey(k)
 			if !ok {
@@ -357,7 +359,7 @@ func (d *durableLog) recover() error {
 		for j, l := range listsOf(e.queues) {
 			if q := e.queues[j]; !slices.Contains(ak, q) {
 				pending++
-				r := recoveredMsg{key: k, id: id, publishedAt: e.publishedAt, visibleAt: e.visibleAt, expiration: e.expiration}
+				r := recoveredMsg{key: k, id: id, publishedAt: e.publishedAt, visibleAt: e.visibleAt, expiration: e.expiration, group: e.group}
 				if s, ok := st[q]; ok {
 					r.state = &s
 				}
@@ -852,7 +854,7 @@ func (d *durableLog) unregistered() map[string]int {
 // all, and refuse or hold publishes until the queue is below its limit.
 //
 // A message stays on disk until it is delivered: a ready one that was never
-// retried is queued as a restored entry (see restored), 56 bytes with the
+// retried is queued as a restored entry (see restored), 72 bytes with the
 // queue's entry, and any other as a Msg without its value (lazyMsg); the
 // worker that delivers or dead-letters it reads the rest (see queue.load).
 func (m *MQ) restore(q *queue) {
@@ -877,14 +879,14 @@ func (m *MQ) restore(q *queue) {
 			var e entry
 			if r.state != nil {
 				due = max(due, r.state.dueAt)
-				e = entry{m: lazyMsg(r.key, r.id, q.name, expires, r.state)}
+				e = entry{m: lazyMsg(r.key, r.id, q.name, expires, r.state, r.group)}
 			} else if due > now {
-				e = entry{m: lazyMsg(r.key, r.id, q.name, expires, nil)}
+				e = entry{m: lazyMsg(r.key, r.id, q.name, expires, nil, r.group)}
 			} else {
 				if len(block) == cap(block) { // blocks, so that what is delivered is freed
 					block = make([]restored, 0, min(restoredBlock, len(list)-i))
 				}
-				block = append(block, restored{key: r.key, expires: expires})
+				block = append(block, restored{key: r.key, expires: expires, group: r.group})
 				e = entry{m: restoredMark, id: r.id, data: &block[len(block)-1]}
 			}
 			if !yield(e, due) {
@@ -907,6 +909,7 @@ func (m *MQ) restore(q *queue) {
 type restored struct {
 	key     string // the log index's own string
 	expires int64
+	group   string // WithMessageGroup, or ""
 }
 
 // restoredBlock is how many restored share one allocation.
@@ -920,12 +923,12 @@ var restoredMark = &Msg{}
 // if the queue retried it) and expiry, but not its routing key, headers,
 // deaths or data, which queue.load reads. One allocation, as publish makes
 // a Msg with its ext.
-func lazyMsg(key string, id uint64, queue string, expires int64, st *queueState) *Msg {
+func lazyMsg(key string, id uint64, queue string, expires int64, st *queueState, group string) *Msg {
 	exch, _, _ := parseMsgKey(key)
 	dm := &struct {
 		Msg
 		x msgExt
-	}{Msg: Msg{ID: id, Exchange: exch, Queue: queue, Redelivered: true}, x: msgExt{expires: expires, dkey: key, unread: true}}
+	}{Msg: Msg{ID: id, Exchange: exch, Queue: queue, Redelivered: true}, x: msgExt{expires: expires, dkey: key, unread: true, group: group}}
 	dm.Msg.x = &dm.x
 	if st != nil {
 		dm.Attempt = st.attempt
@@ -1049,7 +1052,7 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 	key := string(kb)
 	var qbuf [4]string
 	rec := storedMsg{publishedAt: now.UnixNano(), visibleAt: deadline(now, pc.delay), expiration: pc.ttl,
-		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body, queues: qbuf[:0]}
+		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body, queues: qbuf[:0], group: pc.group}
 	for i, q := range dst {
 		if q.cfg.durable {
 			rec.queues = append(rec.queues, q.name)

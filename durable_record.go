@@ -40,6 +40,11 @@ import (
 
 const recordVersion = 1
 
+// groupRecordVersion starts the record of a message with a group
+// (WithMessageGroup): version 1's fields, the group ID (a string) after the
+// deaths. Messages without a group keep version 1.
+const groupRecordVersion = 2
+
 var errBadRecord = errors.New("tinymq: malformed log record")
 
 // storedMsg is a message as the log keeps it.
@@ -52,6 +57,7 @@ type storedMsg struct {
 	deaths      []Death
 	body        []byte
 	queues      []string
+	group       string // WithMessageGroup, or ""
 }
 
 // queueState is a message's state in one queue, once it has been retried.
@@ -159,7 +165,11 @@ func (s *storedMsg) putIn(b *wal.Batch, key, head, raw []byte) (body, headBuf []
 
 // appendHead appends the encoding of s up to its body.
 func (s *storedMsg) appendHead(b []byte) []byte {
-	b = append(b, recordVersion)
+	if s.group != "" {
+		b = append(b, groupRecordVersion)
+	} else {
+		b = append(b, recordVersion)
+	}
 	b = binary.AppendVarint(b, s.publishedAt)
 	b = binary.AppendVarint(b, s.visibleAt)
 	b = binary.AppendVarint(b, int64(s.expiration))
@@ -181,6 +191,9 @@ func (s *storedMsg) appendHead(b []byte) []byte {
 		b = binary.AppendUvarint(b, d.MessageID)
 		b = appendString(b, d.LastError)
 		b = binary.AppendVarint(b, d.Time.UnixNano())
+	}
+	if s.group != "" {
+		b = appendString(b, s.group)
 	}
 	return b
 }
@@ -293,7 +306,8 @@ type msgDecoder struct {
 // Otherwise it decodes everything, and s.body shares b's bytes.
 func (dec *msgDecoder) decode(s *storedMsg, b []byte, meta bool) error {
 	r := &reader{b: b}
-	if r.byte() != recordVersion {
+	version := r.byte()
+	if version != recordVersion && version != groupRecordVersion {
 		return fmt.Errorf("%w: unknown message record version", errBadRecord)
 	}
 	s.publishedAt = r.varint()
@@ -337,6 +351,9 @@ func (dec *msgDecoder) decode(s *storedMsg, b []byte, meta bool) error {
 			d.LastError = r.string()
 			d.Time = time.Unix(0, r.varint())
 		}
+	}
+	if version == groupRecordVersion { // recovery needs the group too: meta keeps it
+		s.group = r.string()
 	}
 	if body := r.bytes(); len(body) > 0 && !meta {
 		s.body = body

@@ -137,6 +137,9 @@ func (m *MQ) createOnEngine(exchange string, kind ExchangeType, name string, cfg
 	if cfg.rate > 0 {
 		return nil, fmt.Errorf("%w: WithRateLimit", ErrUnsupported)
 	}
+	if cfg.groups {
+		return nil, fmt.Errorf("%w: WithGroupOrdering", ErrUnsupported)
+	}
 	retry := cfg.retry
 	if retry.MaxAttempts == 0 {
 		retry.MaxAttempts = 1
@@ -251,7 +254,7 @@ func (m *MQ) DeleteQueue(name string, opts ...DeleteOption) (int, error) {
 	}
 	q.mu.Lock()
 	inUse := len(q.subs) > 0
-	nonEmpty := q.buf.n+q.batchedLocked()+q.scheduled+q.inbound > 0 || q.busy > 0 || q.inFlightLocked() > 0
+	nonEmpty := q.buf.n+q.batchedLocked()+q.scheduled+q.grouped+q.inbound > 0 || q.busy > 0 || q.inFlightLocked() > 0
 	q.mu.Unlock()
 	switch {
 	case dc.ifUnused && inUse:
@@ -312,13 +315,18 @@ func (m *MQ) deleteLocked(q *queue, expired bool) *deletion {
 	for _, s := range q.subs {
 		q.cancelLocked(s)
 	}
-	d.removed = q.buf.n + q.scheduled
+	d.removed = q.buf.n + q.scheduled + q.grouped
 	for q.buf.n > 0 {
 		e := q.popLocked()
 		if k := e.dkey(); k != "" {
 			d.keys = append(d.keys, k)
 		}
 	}
+	q.dropBacklogsLocked(func(e *entry) {
+		if k := e.dkey(); k != "" {
+			d.keys = append(d.keys, k)
+		}
+	})
 	q.scheduled = 0
 	q.gen++
 	q.idle.Store(0)
@@ -438,13 +446,18 @@ func (m *MQ) PurgeQueue(name string) (int, error) {
 	var keys []string
 	q.mu.Lock()
 	q.giveBackLocked(q.workers)
-	n := q.buf.n + q.scheduled
+	n := q.buf.n + q.scheduled + q.grouped
 	for q.buf.n > 0 {
-		e := q.popLocked()
+		e := q.popLocked() // a grouped one brings the next of its group into buf
 		if k := e.dkey(); k != "" {
 			keys = append(keys, k)
 		}
 	}
+	q.dropBacklogsLocked(func(e *entry) { // the groups whose message is out
+		if k := e.dkey(); k != "" {
+			keys = append(keys, k)
+		}
+	})
 	scheduled := q.scheduled > 0
 	q.begun.Add(uint64(q.scheduled))
 	q.scheduled = 0

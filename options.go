@@ -43,6 +43,7 @@ type queueConfig struct {
 	durable  bool
 	expiry   time.Duration // WithQueueExpiry
 	flow                   // WithDeliveryTimeout, WithRateLimit
+	groups   bool          // WithGroupOrdering
 }
 
 // same reports whether c and o ask for the same queue, bindings aside: what
@@ -51,7 +52,7 @@ type queueConfig struct {
 func (c queueConfig) same(o queueConfig) bool {
 	return c.retry == o.retry && c.ttl == o.ttl && c.maxLen == o.maxLen && c.overflow == o.overflow &&
 		c.dlx == o.dlx && c.dlxKey == o.dlxKey && c.durable == o.durable && c.expiry == o.expiry &&
-		funcID(c.filter) == funcID(o.filter) && c.flow == o.flow
+		funcID(c.filter) == funcID(o.filter) && c.flow == o.flow && c.groups == o.groups
 }
 
 type queueOptionFunc func(*queueConfig) error
@@ -631,6 +632,41 @@ func WithRateLimit(perSecond float64, burst int) QueueOption {
 			return fmt.Errorf("%w: rate limit burst %d", ErrInvalidOption, burst)
 		}
 		c.rate, c.burst = perSecond, burst
+		return nil
+	})
+}
+
+// Message groups (WithMessageGroup, WithGroupOrdering).
+
+// maxGroupLen is the longest group ID WithMessageGroup takes, in bytes.
+const maxGroupLen = 255
+
+// optGroup is WithMessageGroup's kind, apart from the kinds above so that
+// their blocks do not collide.
+const optGroup publishOptionKind = 65
+
+// WithMessageGroup puts the message in group id (1 to 255 bytes; Publish
+// refuses any other with [ErrInvalidOption]). A queue with
+// [WithGroupOrdering] hands the messages of one group over one at a time, in
+// publish order; any other queue ignores the group, and every consumer sees
+// it in [Msg.Group].
+func WithMessageGroup(id string) PublishOption {
+	return PublishOption{kind: optGroup, key: id}
+}
+
+// WithGroupOrdering orders the queue's messages by group ([WithMessageGroup]):
+// the messages of one group are handed over one at a time, in publish order,
+// retries included, so that a message that fails and waits for its retry
+// holds back the later messages of its group (and only those) until it has
+// succeeded, been dead-lettered or dropped. Different groups are delivered in
+// parallel across the queue's workers, and messages without a group as in
+// any queue. A queue with no consumer, or paused, keeps its groups waiting;
+// a durable queue keeps each group's order across a restart. Workers of such
+// a queue take one message at a time. An [Engine] refuses it with
+// [ErrUnsupported].
+func WithGroupOrdering() QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		c.groups = true
 		return nil
 	})
 }

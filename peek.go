@@ -73,6 +73,7 @@ func (q *queue) headLocked(n int) (head []entry, wake bool) {
 		out = append(out, *e)
 		return true
 	})
+	out = q.backlogLocked(out, n) // the groups' backlogs wait too
 	return out, wake
 }
 

@@ -100,6 +100,9 @@ func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc 
 	if pc.dedupID != "" {
 		return fmt.Errorf("%w: WithDeduplicationID", ErrUnsupported)
 	}
+	if pc.group != "" { // Publishing carries no group: an engine would drop it silently
+		return fmt.Errorf("%w: WithMessageGroup", ErrUnsupported)
+	}
 	return m.engine.Publish(ctx, Publishing{Exchange: exchange, RoutingKey: pc.routingKey, Headers: pc.headers,
 		Data: data, Expiration: pc.ttl, Delay: pc.delay})
 }
@@ -172,7 +175,7 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 		m.lastEx.Store(ex)
 	}
 	r.ex = ex
-	if dl == nil && ex.plain && m.dur == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 {
+	if dl == nil && ex.plain && m.dur == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 && pc.group == "" {
 		// The common case: no option, to a fanout exchange whose queues all
 		// take plain entries (see exchange.plain), with nothing to decide per
 		// queue: one ID, one entry, each queue takes it.
@@ -276,6 +279,9 @@ type records struct {
 
 func (r *records) msgFor(q *queue) *Msg {
 	pc := &r.pc
+	if pc.group != "" {
+		return r.groupMsgFor(q)
+	}
 	if pc.ttl == 0 && pc.delay == 0 && q.takesShared() {
 		if pc.routingKey == "" && pc.headers == nil && r.deaths == nil {
 			return r.ex.proto
@@ -298,6 +304,15 @@ func (r *records) msgFor(q *queue) *Msg {
 		return &dm.Msg
 	}
 	return &Msg{Exchange: r.ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: r.data, Deaths: r.deaths}
+}
+
+// groupMsgFor is msgFor for a message with a group (WithMessageGroup): it
+// is never shared, so that every queue's Msg carries the group in its ext.
+func (r *records) groupMsgFor(q *queue) *Msg {
+	pc := &r.pc
+	m := &Msg{Exchange: r.ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: r.data, Deaths: r.deaths,
+		x: &msgExt{group: pc.group}}
+	return m
 }
 
 // runFilters keeps, at the front of dst and msgs, the queues whose filter (if
@@ -562,6 +577,8 @@ type publishConfig struct {
 
 	dedupID     string // WithDeduplicationID, or ""
 	dedupLogged bool   // logMessage wrote dedupID's i/ record with the message
+
+	group string // WithMessageGroup, or ""
 }
 
 func (c *publishConfig) apply(opts []PublishOption) error {
@@ -585,6 +602,11 @@ func (c *publishConfig) apply(opts []PublishOption) error {
 				return fmt.Errorf("%w: deduplication ID of %d bytes, want 1 to %d", ErrInvalidOption, len(o.key), maxDedupIDLen)
 			}
 			c.dedupID = o.key
+		case optGroup:
+			if o.key == "" || len(o.key) > maxGroupLen {
+				return fmt.Errorf("%w: message group ID of %d bytes, want 1 to %d", ErrInvalidOption, len(o.key), maxGroupLen)
+			}
+			c.group = o.key
 		default:
 			return ErrInvalidOption
 		}

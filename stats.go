@@ -178,7 +178,7 @@ func (m *MQ) Stats() Stats {
 
 func (q *queue) stats() QueueStats {
 	q.mu.Lock()
-	qs := QueueStats{Ready: q.buf.n + q.batchedLocked(), Scheduled: q.scheduled, Accepted: q.accepted,
+	qs := QueueStats{Ready: q.buf.n + q.batchedLocked() + q.grouped, Scheduled: q.scheduled, Accepted: q.accepted,
 		Consumers: len(q.subs), Paused: q.paused}
 	qs.InFlight = int(q.inFlightLocked())
 	qs.Abandoned = q.abandoned

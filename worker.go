@@ -71,9 +71,11 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry, abandoned *boo
 		if x := m.expires(); x != 0 && time.Now().UnixNano() >= x {
 			q.c.expired.Add(1)
 			q.deadLetter(m, ReasonExpired, m.lastErr())
+			q.groupEnd(m)
 			return
 		}
 		if !q.load(m) {
+			q.groupEnd(m)
 			return
 		}
 		m.Attempt++
@@ -104,6 +106,9 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry, abandoned *boo
 		if m != nil {
 			if k := m.dkey(); k != "" {
 				q.mq.dur.ack(q.name, k, nil) // before the count, which tests wait for
+			}
+			if q.cfg.groups {
+				q.groupEnd(m) // before the count too
 			}
 		}
 		w.succeeded.Add(1)
@@ -174,27 +179,36 @@ var freezer = guard.Freezer[*PanicError]{TypedNil: ErrTypedNil, Permanent: ErrPe
 	Pack:   func(text string, stack []byte) *PanicError { return &PanicError{Value: text, Stack: stack} }}
 
 // settle counts a failed delivery of m (err is not nil; deliver counts the
-// successes) and decides what follows: a retry, or a dead letter.
+// successes) and decides what follows: a retry, or a dead letter. Unless m
+// waits for a retry, its group (WithGroupOrdering) goes on.
 func (q *queue) settle(m *Msg, err error) {
+	if !q.fail(m, err) {
+		q.groupEnd(m)
+	}
+}
+
+// fail is settle, but for the group: it reports whether m waits for a retry.
+func (q *queue) fail(m *Msg, err error) (retrying bool) {
 	q.c.failed.Add(1)
 	m.ext().lastErr = err
 	if q.leftOnDisk(m, err) {
-		return
+		return false
 	}
 	if q.removedInFlight(m, err) {
-		return
+		return false
 	}
 	if m.Attempt < q.cfg.retry.MaxAttempts && !guard.Is(err, ErrPermanent) {
-		q.retryLater(m, err)
-		return
+		return q.retryLater(m, err)
 	}
 	q.deadLetter(m, ReasonRejected, err)
+	return false
 }
 
-// retryLater schedules m for its next attempt after its backoff. The retry
+// retryLater schedules m for its next attempt after its backoff, and reports
+// whether it did (a deleted, aborted or full queue ends m instead). The retry
 // delivers a copy of m, as the consumer left it, so that a consumer that kept
 // m does not see it change.
-func (q *queue) retryLater(m *Msg, err error) {
+func (q *queue) retryLater(m *Msg, err error) bool {
 	backoff := q.cfg.retry.backoff(m.Attempt)
 	next := m.clone()
 	if k := m.dkey(); k != "" {
@@ -205,15 +219,15 @@ func (q *queue) retryLater(m *Msg, err error) {
 	switch {
 	case gone:
 		q.removeInFlight(m, err)
-		return
+		return false
 	case aborted:
 		q.c.undelivered.Add(1)
 		q.logFailure(m, err, slog.LevelError, "tinymq: delivery failed, no retry after the shutdown deadline")
-		return
+		return false
 	case overflow != nil:
 		q.c.overflowed.Add(1)
 		q.deadLetter(m, ReasonMaxLen, err)
-		return
+		return false
 	}
 	q.c.retried.Add(1)
 	q.logFailure(m, err, slog.LevelWarn, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
@@ -221,6 +235,7 @@ func (q *queue) retryLater(m *Msg, err error) {
 		q.c.overflowed.Add(1)
 		q.deadLetter(evicted, ReasonMaxLen, nil)
 	}
+	return true
 }
 
 // logFailure logs what became of m, with err, the consumer's error (if any).
@@ -370,7 +385,7 @@ func (q *queue) leaveLocked(w *worker) {
 // their counts are exact. q.mu is held and buf is not empty.
 func (q *queue) refillLocked(w *worker) entry {
 	k := 1
-	if q.cfg.ttl == 0 && q.cfg.maxLen == 0 && q.cfg.rate == 0 { // a rate limit counts each delivery's token here
+	if q.cfg.ttl == 0 && q.cfg.maxLen == 0 && q.cfg.rate == 0 && !q.cfg.groups { // a rate limit counts each delivery's token here
 		k = min(max(q.buf.n/max(q.active, 1), 1), maxBatch)
 	}
 	n := 0
