@@ -246,6 +246,35 @@ func decodeDedup(v []byte) (at int64, window time.Duration, err error) {
 	return at, window, nil
 }
 
+// forgetDedup deletes the i/ records of ex, which DeleteExchange deleted:
+// the exchange declared next under its name starts with no ID, after a
+// restart too. The batch is queued, not waited for (the caller holds the
+// MQ's write lock); a crash before it is written leaves records that the
+// recovery after it deletes once their window ended.
+func (d *durableLog) forgetDedup(ex *exchange) {
+	var b wal.Batch
+	for _, r := range d.dedups[ex.name] { // recorded before this run, and not declared with dedup since
+		b.Delete(dedupKey(ex.name, r.id))
+	}
+	delete(d.dedups, ex.name)
+	if t := ex.dedup; t != nil {
+		t.mu.Lock()
+		for id, e := range t.ids {
+			if e.logged {
+				b.Delete(dedupKey(ex.name, id))
+			}
+		}
+		for _, id := range t.drops {
+			b.Delete(dedupKey(ex.name, id))
+		}
+		t.drops = nil
+		t.mu.Unlock()
+	}
+	if b.Len() > 0 {
+		_ = d.log.CommitAsync(&b) // a failed log: the next recovery deletes them once expired
+	}
+}
+
 // restoreDedup gives a newly declared exchange with WithDeduplication the
 // IDs the log recorded for it. The caller holds the write lock.
 func (d *durableLog) restoreDedup(ex *exchange) {

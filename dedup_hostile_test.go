@@ -126,7 +126,6 @@ func TestDeduplicationDeleteExchangeAndRedeclareStartsAfresh(t *testing.T) {
 // restart, as it is in the same run: the deleted exchange's i/ records do
 // not come back into a new exchange of the same name.
 func TestDeduplicationDeletedExchangesIDsStayForgottenAcrossARestart(t *testing.T) {
-	t.Skip("bug: DeleteExchange keeps the exchange's i/ records, so after a restart a re-declared exchange treats the deleted one's IDs as duplicates (in the same run it does not); see report")
 	dir := t.TempDir()
 	var got recorder
 	m := durableDedup(t, dir, time.Hour, &got)

@@ -634,6 +634,9 @@ func (m *MQ) DeleteExchange(name string, opts ...DeleteOption) error {
 		m.retiredSeqs = make(map[string]retiredSeq)
 	}
 	m.retiredSeqs[name] = retiredSeq{seq: ex.seq.Load(), reserved: ex.reserved.Load()}
+	if m.dur != nil {
+		m.dur.forgetDedup(ex) // queued under the lock, without waiting for the disk
+	}
 	return nil
 }
 

@@ -136,7 +136,14 @@ func (q *queue) tokenLocked() time.Duration {
 		q.tokens--
 		return 0
 	}
-	return max(time.Duration(math.Ceil((1-q.tokens)/q.cfg.rate*1e9)), 1)
+	// A rate so small that the wait is past what a Duration holds waits
+	// "forever" (292 years), saturating instead of overflowing into a
+	// negative wait that would wake the queue every nanosecond.
+	w := math.Ceil((1 - q.tokens) / q.cfg.rate * 1e9)
+	if w >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return max(time.Duration(w), 1)
 }
 
 // rateWake is the scheduler's wake of a rate-limited queue whose next token

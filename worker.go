@@ -323,7 +323,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 						if !q.rateArmed {
 							q.rateArmed = true
 							q.mu.Unlock() // the scheduler's lock is never taken with a queue's
-							q.mq.sched.add(schedItem{due: time.Now().Add(wait), q: q, rate: true})
+							q.mq.sched.add(schedItem{due: time.Unix(0, deadline(time.Now(), wait)), q: q, rate: true})
 							q.mu.Lock()
 							continue
 						}
