@@ -88,23 +88,42 @@ type exchange struct {
 	// MQ.publish). Set by bind.
 	plain bool
 	// typed: some bound queue has a payload type (see typeQueueLocked), so
-	// that a publish checks its data, and plain is false. Set by retype.
-	typed bool
+	// that a publish checks its data. oneType is that type when every typed
+	// queue has the same: a plain publish then checks its data against it
+	// alone, on the fast path (plain stays true); with several types plain
+	// is false. Set by retype.
+	typed   bool
+	oneType reflect.Type
+}
+
+// plainNow is what plain should be now: see plain and oneType.
+func (e *exchange) plainNow() bool {
+	return e.kind == Fanout && len(e.all) > 0 && (!e.typed || e.oneType != nil) &&
+		!slices.ContainsFunc(e.all, func(q *queue) bool { return !q.takesShared() })
 }
 
 // retype sets typed, and plain, from the queues bound to e. The caller
 // holds the MQ's write lock.
 func (e *exchange) retype(m *MQ) {
-	e.typed = false
+	e.typed, e.oneType = false, nil
+	mixed := false
 	if len(m.payloads) > 0 {
 		for _, s := range e.bindings {
-			if q := m.queues[s.Queue]; q != nil && m.payloads[q] != nil {
-				e.typed = true
-				break
+			q := m.queues[s.Queue]
+			if q == nil || m.payloads[q] == nil {
+				continue
 			}
+			t := m.payloads[q]
+			if e.typed && e.oneType != t {
+				mixed = true
+			}
+			e.typed, e.oneType = true, t
 		}
 	}
-	e.plain = e.kind == Fanout && len(e.all) > 0 && !e.typed && !slices.ContainsFunc(e.all, func(q *queue) bool { return !q.takesShared() })
+	if mixed {
+		e.oneType = nil
+	}
+	e.plain = e.plainNow()
 }
 
 func newExchange(name string, kind ExchangeType, cfg exchangeConfig) *exchange {
@@ -192,7 +211,7 @@ func (e *exchange) attach(q *queue, b binding, hbs []headersBinding) {
 		if !slices.Contains(e.all, q) {
 			e.all = append(slices.Clip(e.all), q)
 		}
-		e.plain = len(e.all) > 0 && !e.typed && !slices.ContainsFunc(e.all, func(q *queue) bool { return !q.takesShared() })
+		e.plain = e.plainNow()
 	case Direct:
 		for _, k := range b.keys {
 			if qs := e.direct[k]; !slices.Contains(qs, q) {
@@ -310,7 +329,7 @@ func (e *exchange) detach(q *queue, specs []BindingSpec) {
 	switch e.kind {
 	case Fanout:
 		e.all = without(e.all)
-		e.plain = len(e.all) > 0 && !e.typed && !slices.ContainsFunc(e.all, func(q *queue) bool { return !q.takesShared() })
+		e.plain = e.plainNow()
 	case Direct:
 		for _, s := range specs {
 			for _, k := range s.Keys {

@@ -175,7 +175,8 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 		m.lastEx.Store(ex)
 	}
 	r.ex = ex
-	if dl == nil && ex.plain && m.dur == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 && pc.group == "" {
+	if dl == nil && ex.plain && m.dur == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 && pc.group == "" &&
+		(!ex.typed || payloadFits(ex.oneType, r.data)) { // data that does not fit takes the slow path, which says why
 		// The common case: no option, to a fanout exchange whose queues all
 		// take plain entries (see exchange.plain), with nothing to decide per
 		// queue: one ID, one entry, each queue takes it.
