@@ -44,8 +44,11 @@ func (m *MQ) Consume(queue string, consumer ConsumerFunc, concurrency int) (*Sub
 
 // ConsumeHandler is [MQ.Consume] for a consumer of one payload type, as
 // [RegisterHandler] is [MQ.RegisterQueue]: a delivery whose Data is already a
-// T allocates nothing, and Data of another type fails with a [Permanent]
-// error wrapping [ErrPayloadType]. A nil fn is [ErrNilConsumer].
+// T allocates nothing. The queue then takes only T: a Publish of data that
+// can never be a T is refused with [ErrPayloadType]; a message that waited
+// in the queue before (or a dead letter routed to it) of another type fails
+// with a [Permanent] error wrapping ErrPayloadType. A nil fn is
+// [ErrNilConsumer].
 func ConsumeHandler[T any](m *MQ, queue string, fn func(ctx context.Context, v T) error, concurrency int) (*Subscription, error) {
 	if fn == nil {
 		return nil, ErrNilConsumer
