@@ -3,6 +3,8 @@ package tinymq_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -300,5 +302,376 @@ func TestDeliveryTimeoutAndRateLimitAreUnsupportedOnAnEngine(t *testing.T) {
 		assert.ErrorIs(t, err, tinymq.ErrUnsupported, name)
 		assert.Empty(t, e.specs, "%s: nothing declared on the engine", name)
 		m.Stop()
+	}
+}
+
+// hostileNilErr is an error type whose typed nil a late consumer returns.
+type hostileNilErr struct{}
+
+func (*hostileNilErr) Error() string { panic("a typed nil's Error was called") }
+
+// A consumer that outlives its deadline and then panics, calls Goexit,
+// returns a typed nil, an error or nil: each call fails once at d, what it
+// does afterwards is ignored, the pool keeps its size and the ledger holds.
+func TestDeliveryTimeoutIgnoresWhateverALateCallDoes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const d = time.Second
+		release := make(chan struct{})
+		var quick atomic.Int64
+		m := tinymq.New(quiet())
+		dead := deadLetters(t, m)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+			if msg.Data == "quick" {
+				quick.Add(1)
+				return nil
+			}
+			<-release // ignores ctx
+			switch msg.Data {
+			case "panic":
+				panic("late panic")
+			case "goexit":
+				runtime.Goexit()
+			case "typednil":
+				var e *hostileNilErr
+				return e
+			case "error":
+				return errors.New("late error")
+			}
+			return nil
+		}, 5, tinymq.WithQueueName("q"), tinymq.WithDeliveryTimeout(d), tinymq.WithDeadLetter("dlx", "")))
+		require.NoError(t, m.Start(context.Background()))
+		kinds := []string{"panic", "goexit", "typednil", "error", "nil"}
+		for _, k := range kinds {
+			require.NoError(t, m.Publish("ev", k))
+		}
+		synctest.Wait()
+		time.Sleep(d)
+		synctest.Wait()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, uint64(len(kinds)), st.TimedOut, "every call timed out at d")
+		assert.Equal(t, len(kinds), st.Abandoned, "abandoned calls are bounded by the concurrency, here all of them")
+		require.Len(t, dead, len(kinds))
+
+		// The pool keeps its size while all five calls are stuck.
+		for range 50 {
+			require.NoError(t, m.Publish("ev", "quick"))
+		}
+		synctest.Wait()
+		assert.Equal(t, int64(50), quick.Load())
+
+		close(release)
+		synctest.Wait()
+		st = m.Stats().Queues["q"]
+		assert.Zero(t, st.Abandoned, "every late call returned")
+		assert.Equal(t, uint64(50), st.Succeeded, "no late result counts")
+		for range 20 {
+			require.NoError(t, m.Publish("ev", "quick"))
+		}
+		stopWithin(t, m)
+		assert.Equal(t, int64(70), quick.Load(), "the pool still works after the late calls ended")
+		assertLedger(t, "q", m.Stats().Queues["q"])
+		assertLedger(t, "dead", m.Stats().Queues["dead"])
+	})
+}
+
+// A call that is past the bound of abandoned calls keeps its slot (the
+// worker waits for it); when it then calls Goexit the slot is not lost and
+// its message is not settled twice.
+func TestDeliveryTimeoutGoexitAfterTheDeadlineAtTheBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const d = time.Second
+		release := make(chan struct{})
+		var quick atomic.Int64
+		m := tinymq.New(quiet())
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+			if msg.Data == "quick" {
+				quick.Add(1)
+				return nil
+			}
+			<-release
+			runtime.Goexit()
+			return nil
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithDeliveryTimeout(d)))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", "stuck"))
+		synctest.Wait()
+		time.Sleep(d) // the first is abandoned, a new goroutine takes the slot
+		synctest.Wait()
+		require.NoError(t, m.Publish("ev", "stuck"))
+		synctest.Wait()
+		time.Sleep(d) // the second times out at the bound: its slot waits
+		synctest.Wait()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, uint64(2), st.TimedOut)
+		assert.Equal(t, 1, st.Abandoned, "one abandoned call per worker")
+		require.NoError(t, m.Publish("ev", "quick"))
+		synctest.Wait()
+		assert.Zero(t, quick.Load(), "the only slot waits for its late call")
+
+		close(release) // both Goexit
+		synctest.Wait()
+		assert.Equal(t, int64(1), quick.Load(), "the slot survives a Goexit after the deadline")
+		stopWithin(t, m)
+		st = m.Stats().Queues["q"]
+		assert.Equal(t, uint64(2), st.TimedOut, "a Goexit after the deadline is no second failure")
+		assert.Equal(t, uint64(2), st.Failed)
+		assert.Zero(t, st.Abandoned)
+		assertLedger(t, "q", st)
+	})
+}
+
+// A late call that calls back into the MQ (Stop, DeleteQueue of its queue,
+// Cancel of its subscription, Publish) neither deadlocks nor breaks a count.
+func TestDeliveryTimeoutLateCallMayCallBackIntoTheMQ(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		call func(m *tinymq.MQ, sub *tinymq.Subscription) error
+	}{
+		{"Stop", func(m *tinymq.MQ, _ *tinymq.Subscription) error { m.Stop(); return nil }},
+		{"Shutdown", func(m *tinymq.MQ, _ *tinymq.Subscription) error {
+			err := m.Shutdown(context.Background())
+			if errors.Is(err, tinymq.ErrCalledFromConsumer) {
+				return nil
+			}
+			return err
+		}},
+		{"DeleteQueue", func(m *tinymq.MQ, _ *tinymq.Subscription) error { _, err := m.DeleteQueue("q"); return err }},
+		{"Cancel", func(_ *tinymq.MQ, sub *tinymq.Subscription) error { return sub.Cancel(context.Background()) }},
+		{"Publish", func(m *tinymq.MQ, _ *tinymq.Subscription) error { return m.Publish("ev", "quick") }},
+		{"PurgeQueue", func(m *tinymq.MQ, _ *tinymq.Subscription) error { _, err := m.PurgeQueue("q"); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const d = time.Second
+				m := tinymq.New(quiet())
+				require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithDeliveryTimeout(d)))
+				require.NoError(t, m.Start(context.Background()))
+				var sub atomic.Pointer[tinymq.Subscription]
+				callErr := make(chan error, 1)
+				s, err := m.Consume("q", func(ctx context.Context, msg *tinymq.Msg) error {
+					if msg.Data != "stuck" {
+						return nil
+					}
+					<-ctx.Done()
+					time.Sleep(time.Millisecond) // well after the deadline
+					callErr <- tc.call(m, sub.Load())
+					return nil
+				}, 1)
+				require.NoError(t, err)
+				sub.Store(s)
+				require.NoError(t, m.Publish("ev", "stuck"))
+				for range 3 {
+					require.NoError(t, m.Publish("ev", "after"))
+				}
+				synctest.Wait()
+				time.Sleep(d + time.Millisecond)
+				synctest.Wait()
+				select {
+				case err := <-callErr:
+					assert.NoError(t, err, "the late call's %s", tc.name)
+				default:
+					t.Fatalf("the late call's %s never returned", tc.name)
+				}
+				stopWithin(t, m)
+				st := m.Stats()
+				if qs, ok := st.Queues["q"]; ok {
+					assert.Equal(t, uint64(1), qs.TimedOut)
+					assert.Zero(t, qs.Abandoned)
+					assertLedger(t, "q", qs)
+				}
+				require.NoError(t, s.Cancel(context.Background()))
+			})
+		})
+	}
+}
+
+// A late call that Cancels its subscription while other messages wait: the
+// slot's new goroutine ends too, the messages stay in the queue for the next
+// subscription, and nothing is delivered twice.
+func TestDeliveryTimeoutCancelWhileAbandonedHandsTheBacklogOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const d = time.Second
+		m := tinymq.New(quiet())
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithDeliveryTimeout(d)))
+		require.NoError(t, m.Start(context.Background()))
+		release := make(chan struct{})
+		var first atomic.Int64
+		sub, err := m.Consume("q", func(ctx context.Context, msg *tinymq.Msg) error {
+			if msg.Data == "stuck" {
+				<-release
+				return nil
+			}
+			first.Add(1)
+			return nil
+		}, 1)
+		require.NoError(t, err)
+		require.NoError(t, m.Publish("ev", "stuck"))
+		synctest.Wait()
+		time.Sleep(d)
+		synctest.Wait()
+		require.Equal(t, 1, m.Stats().Queues["q"].Abandoned)
+
+		cancelled := make(chan error, 1)
+		go func() { cancelled <- sub.Cancel(context.Background()) }()
+		synctest.Wait()
+		for range 10 {
+			require.NoError(t, m.Publish("ev", "n"))
+		}
+		var second atomic.Int64
+		sub2, err := m.Consume("q", func(context.Context, *tinymq.Msg) error { second.Add(1); return nil }, 2)
+		require.NoError(t, err)
+		synctest.Wait()
+		assert.Equal(t, int64(10), first.Load()+second.Load(), "every message delivered once")
+		select {
+		case <-cancelled:
+			t.Fatal("Cancel returned while its abandoned call still ran")
+		default:
+		}
+		close(release)
+		require.NoError(t, <-cancelled)
+		require.NoError(t, sub2.Cancel(context.Background()))
+		stopWithin(t, m)
+		st := m.Stats().Queues["q"]
+		assert.Zero(t, st.Abandoned)
+		assertLedger(t, "q", st)
+	})
+}
+
+// DeleteQueue while a call is abandoned: the delete returns, the late call
+// ends later, and Stop waits for it with nothing left uncounted.
+func TestDeliveryTimeoutDeleteQueueWhileAbandoned(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const d = time.Second
+		release := make(chan struct{})
+		m := tinymq.New(quiet())
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+			if msg.Data == "stuck" {
+				<-release
+			}
+			return nil
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithDeliveryTimeout(d)))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", "stuck"))
+		synctest.Wait()
+		time.Sleep(d)
+		synctest.Wait()
+		for range 5 {
+			require.NoError(t, m.Publish("ev", "after"))
+		}
+		deleted := make(chan struct{})
+		go func() {
+			_, err := m.DeleteQueue("q")
+			assert.NoError(t, err)
+			close(deleted)
+		}()
+		synctest.Wait()
+		closedWithin(t, deleted, "DeleteQueue with an abandoned call")
+		stopped := make(chan struct{})
+		go func() { m.Stop(); close(stopped) }()
+		synctest.Wait()
+		select {
+		case <-stopped:
+			t.Fatal("Stop returned while an abandoned call of a deleted queue still ran")
+		default:
+		}
+		close(release)
+		<-stopped
+		_, still := m.Stats().Queues["q"]
+		assert.False(t, still)
+	})
+}
+
+// Shutdown's deadline holds while a call that ignores its context has not
+// yet reached its own delivery deadline, and while one is abandoned; a later
+// Stop waits for both, and the ledger holds.
+func TestDeliveryTimeoutShutdownDeadlineBeforeAndAfterTheTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		m := tinymq.New(quiet())
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+			<-release
+			return nil
+		}, 2, tinymq.WithQueueName("q"), tinymq.WithDeliveryTimeout(time.Minute)))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", "a"))
+		synctest.Wait()
+		time.Sleep(time.Minute) // a is abandoned
+		synctest.Wait()
+		require.NoError(t, m.Publish("ev", "b")) // b runs, its deadline a minute away
+		require.NoError(t, m.Publish("ev", "c")) // c waits
+		synctest.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		start := time.Now()
+		err := m.Shutdown(ctx)
+		assert.Equal(t, time.Second, time.Since(start), "Shutdown returns at its deadline")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.ErrorIs(t, err, tinymq.ErrUndelivered, "c never reached a consumer, b was in one")
+		time.Sleep(2 * time.Minute) // b's delivery deadline passes after the abort
+		synctest.Wait()
+		close(release)
+		stopWithin(t, m)
+		st := m.Stats().Queues["q"]
+		assert.Zero(t, st.Abandoned)
+		assertLedger(t, "q", st)
+	})
+}
+
+// Torture: publishers with duplicate IDs into a deduplicating exchange whose
+// queues have delivery timeouts, rate limits, retries and dead letters, with
+// consumers that block past their deadline, panic or fail, racing Stop:
+// every ID is routed at most once and every queue keeps its ledger.
+func TestTimeoutRateLimitAndDedupTortureKeepsTheLedger(t *testing.T) {
+	for round := range 3 {
+		m := tinymq.New(quiet())
+		require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+		deadLetters(t, m)
+		consume := func(ctx context.Context, msg *tinymq.Msg) error {
+			n, _ := msg.Data.(int)
+			switch n % 6 {
+			case 0:
+				<-ctx.Done()
+				time.Sleep(time.Millisecond) // past the deadline
+				return nil
+			case 1:
+				panic("torture")
+			case 2:
+				return errors.New("torture")
+			}
+			return nil
+		}
+		retry := tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, consume, 3, tinymq.WithQueueName("timed"),
+			tinymq.WithDeliveryTimeout(5*time.Millisecond), retry, tinymq.WithDeadLetter("dlx", "")))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, consume, 2, tinymq.WithQueueName("paced"),
+			tinymq.WithRateLimit(2000, 20), tinymq.WithDeliveryTimeout(5*time.Millisecond), retry, tinymq.WithDeadLetter("dlx", "")))
+		require.NoError(t, m.Start(context.Background()))
+		var wg sync.WaitGroup
+		var nils atomic.Int64
+		for p := range 4 {
+			wg.Go(func() {
+				for i := range 150 {
+					n := (p*150 + i) % 200 // IDs repeat across publishers
+					err := m.Publish("ev", n, tinymq.WithDeduplicationID(fmt.Sprint(n)))
+					if err == nil {
+						nils.Add(1)
+					} else if !errors.Is(err, tinymq.ErrStopped) {
+						t.Errorf("Publish: %v", err)
+						return
+					}
+				}
+			})
+		}
+		time.Sleep(time.Duration(round+1) * 10 * time.Millisecond)
+		stopWithin(t, m)
+		wg.Wait()
+		st := m.Stats()
+		for _, q := range []string{"timed", "paced", "dead"} {
+			assertLedger(t, q, st.Queues[q])
+			assert.Zero(t, st.Queues[q].Abandoned, "%s", q)
+		}
+		assert.LessOrEqual(t, st.Queues["timed"].Accepted, uint64(200), "each ID at most once")
+		assert.Equal(t, st.Queues["timed"].Accepted, st.Queues["paced"].Accepted)
+		assert.Equal(t, uint64(nils.Load()), st.Queues["timed"].Accepted+st.Exchanges["ev"].Duplicates)
 	}
 }

@@ -3,6 +3,7 @@ package tinymq_test
 import (
 	"context"
 	"math"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -107,4 +108,223 @@ func TestRateLimitIsPartOfAQueuesSettings(t *testing.T) {
 	assert.ErrorIs(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithRateLimit(6, 1)), tinymq.ErrDuplicateQueue)
 	assert.ErrorIs(t, m.DeclareQueue("q", "ev", tinymq.Fanout), tinymq.ErrDuplicateQueue)
 	m.Stop()
+}
+
+// rateQueue registers a queue "q" on fanout "ev" with the rate limit, whose
+// consumer counts its calls, and starts the MQ.
+func rateQueue(t *testing.T, rate float64, burst, conc int, opts ...tinymq.QueueOption) (*tinymq.MQ, *atomic.Int64) {
+	t.Helper()
+	var calls atomic.Int64
+	m := tinymq.New(quiet())
+	opts = append([]tinymq.QueueOption{tinymq.WithQueueName("q"), tinymq.WithRateLimit(rate, burst)}, opts...)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		calls.Add(1)
+		return nil
+	}, conc, opts...))
+	require.NoError(t, m.Start(context.Background()))
+	return m, &calls
+}
+
+// A pause does not bank tokens beyond the burst: after a long pause, resume
+// delivers at most burst at once, then the rate holds.
+func TestRateLimitPauseBanksNoMoreThanTheBurst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const rate, burst = 10.0, 5
+		m, calls := rateQueue(t, rate, burst, 4)
+		for i := range 500 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		synctest.Wait()
+		require.Equal(t, int64(burst), calls.Load())
+		require.NoError(t, m.PauseQueue("q"))
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		assert.Equal(t, int64(burst), calls.Load(), "nothing while paused")
+		require.NoError(t, m.ResumeQueue("q"))
+		synctest.Wait()
+		assert.Equal(t, int64(2*burst), calls.Load(), "a full bucket, no more, after the pause")
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		want := 2*burst + rate*10
+		assert.InDelta(t, want, float64(calls.Load()), want*0.05)
+		_, err := m.PurgeQueue("q")
+		require.NoError(t, err)
+		stopWithin(t, m)
+		assertLedger(t, "q", m.Stats().Queues["q"])
+	})
+}
+
+// A purge while workers wait for a token leaves them nothing to wait for:
+// Stop then returns at once instead of pacing out the backlog, and later
+// messages are delivered at the rate.
+func TestRateLimitPurgeThenStopDoesNotWaitForTokens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, calls := rateQueue(t, 1, 1, 2)
+		for i := range 100 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		synctest.Wait()
+		require.Equal(t, int64(1), calls.Load())
+		n, err := m.PurgeQueue("q")
+		require.NoError(t, err)
+		assert.Equal(t, 99, n)
+		require.NoError(t, m.Publish("ev", "late"))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		assert.Equal(t, int64(2), calls.Load(), "the next token, at 1s")
+		start := time.Now()
+		m.Stop()
+		assert.Zero(t, time.Since(start), "Stop waited for no token")
+		assertLedger(t, "q", m.Stats().Queues["q"])
+	})
+}
+
+// Stop with a backlog delivers it at the rate; Shutdown's deadline bounds
+// that wait and counts the rest as undelivered.
+func TestRateLimitShutdownDeadlineHoldsWithABacklog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, calls := rateQueue(t, 10, 1, 3)
+		for i := range 1000 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		start := time.Now()
+		err := m.Shutdown(ctx)
+		assert.Equal(t, 2*time.Second, time.Since(start), "Shutdown returns at its deadline, not after 100s of tokens")
+		assert.ErrorIs(t, err, tinymq.ErrUndelivered)
+		assert.InDelta(t, 21, calls.Load(), 1, "the burst and 10 a second until the deadline")
+		m.Stop()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, uint64(1000)-uint64(calls.Load()), st.Undelivered)
+		assertLedger(t, "q", st)
+	})
+}
+
+// Cancel while the workers wait for a token returns at once; a new
+// subscription then continues at the same rate (the bucket is the queue's).
+func TestRateLimitCancelWhileWaitingForATokenAndConsumeAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New(quiet())
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithRateLimit(2, 2)))
+		require.NoError(t, m.Start(context.Background()))
+		var calls atomic.Int64
+		count := func(context.Context, *tinymq.Msg) error { calls.Add(1); return nil }
+		sub, err := m.Consume("q", count, 3)
+		require.NoError(t, err)
+		for i := range 100 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		synctest.Wait()
+		require.Equal(t, int64(2), calls.Load())
+		start := time.Now()
+		require.NoError(t, sub.Cancel(context.Background()))
+		assert.Zero(t, time.Since(start), "Cancel does not wait for a token")
+		time.Sleep(10 * time.Second) // the bucket refills to its burst only
+		synctest.Wait()
+		assert.Equal(t, int64(2), calls.Load(), "no consumer, no delivery")
+		sub2, err := m.Consume("q", count, 1)
+		require.NoError(t, err)
+		synctest.Wait()
+		assert.Equal(t, int64(4), calls.Load(), "a full bucket")
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, int64(14), calls.Load(), "2 a second again")
+		require.NoError(t, sub2.Cancel(context.Background()))
+		_, err = m.PurgeQueue("q")
+		require.NoError(t, err)
+		stopWithin(t, m)
+		assertLedger(t, "q", m.Stats().Queues["q"])
+	})
+}
+
+// Retries take tokens too, and a rate-limited retry policy ends in dead
+// letters with the ledger kept.
+func TestRateLimitCountsRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int64
+		m := tinymq.New(quiet())
+		dead := deadLetters(t, m)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			calls.Add(1)
+			return assert.AnError
+		}, 2, tinymq.WithQueueName("q"), tinymq.WithRateLimit(1, 1), tinymq.WithDeadLetter("dlx", ""),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", "a"))
+		require.NoError(t, m.Publish("ev", "b"))
+		time.Sleep(2500 * time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, int64(3), calls.Load(), "one delivery a second, retries included")
+		m.Stop()
+		assert.Equal(t, int64(6), calls.Load())
+		assert.Len(t, dead, 2)
+		assertLedger(t, "q", m.Stats().Queues["q"])
+	})
+}
+
+// A rate limit costs no goroutine: many idle rate-limited queues with a
+// backlog run as many goroutines as the same queues without the limit.
+func TestRateLimitCostsNoGoroutinePerQueue(t *testing.T) {
+	count := func(rate bool) int {
+		m := tinymq.New(quiet())
+		for i := range 50 {
+			opts := []tinymq.QueueOption{tinymq.WithQueueName("q" + string(rune('A'+i%26)) + string(rune('a'+i/26)))}
+			if rate {
+				opts = append(opts, tinymq.WithRateLimit(0.001, 1))
+			} else {
+				opts = append(opts, tinymq.WithMessageTTL(time.Hour))
+			}
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, _ *tinymq.Msg) error {
+				if rate {
+					return nil
+				}
+				<-ctx.Done() // without the limit, hold the workers as the limit holds them
+				return nil
+			}, 1, opts...))
+		}
+		require.NoError(t, m.Start(context.Background()))
+		for range 3 {
+			require.NoError(t, m.Publish("ev", 1))
+		}
+		require.Eventually(t, func() bool {
+			s := m.Stats()
+			for _, q := range s.Queues {
+				if q.Delivered == 0 {
+					return false
+				}
+			}
+			return true
+		}, wait, time.Millisecond)
+		n := runtime.NumGoroutine()
+		_ = m.Shutdown(canceledCtx()) // ends both kinds at once: what waits is undelivered
+		m.Stop()
+		return n
+	}
+	without := count(false)
+	with := count(true)
+	assert.LessOrEqual(t, with, without+1, "goroutines with 50 rate-limited queues vs without")
+}
+
+func canceledCtx() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
+
+// A tiny rate (one delivery in many years) is valid and must not make the
+// scheduler spin: the wait for the next token overflows a Duration.
+func TestRateLimitTinyRateWaitsWithoutSpinning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, calls := rateQueue(t, 1e-12, 1, 1)
+		require.NoError(t, m.Publish("ev", 1))
+		require.NoError(t, m.Publish("ev", 2))
+		synctest.Wait()
+		time.Sleep(time.Hour) // with the bug: 3.6e12 wakes, never ends
+		synctest.Wait()
+		assert.Equal(t, int64(1), calls.Load())
+		_, err := m.PurgeQueue("q")
+		require.NoError(t, err)
+		m.Stop()
+	})
 }
