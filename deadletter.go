@@ -87,7 +87,7 @@ func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
 		if key == "" {
 			key = m.RoutingKey
 		}
-		err = q.mq.publishDead(q.cfg.dlx, m.Data, key, m.Headers, deaths, src)
+		err = q.mq.publishDead(q.cfg.dlx, m.Data, key, m.Group(), m.Headers, deaths, src)
 	}
 	q.mq.dur.ackUnmoved(src)
 	rec := DeadLetter{Death: deaths[0]}
@@ -210,7 +210,7 @@ func (m *MQ) ReplayDeadLetters(queue string, n int) (int, error) {
 		if k := msg.dkey(); k != "" {
 			src = &deadSource{queue: q.name, key: k}
 		}
-		r := records{data: msg.Data, pc: publishConfig{routingKey: d.RoutingKey, headers: msg.Headers}, deaths: msg.Deaths}
+		r := records{data: msg.Data, pc: publishConfig{routingKey: d.RoutingKey, headers: msg.Headers, group: msg.Group()}, deaths: msg.Deaths}
 		_, perr := m.publish(d.Exchange, &r, &deadLetter{src: src, replay: true})
 		settleEvicted(r.evicted)
 		if perr != nil {

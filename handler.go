@@ -16,6 +16,11 @@ import (
 // dead-lettered without retries. Handler(nil) returns nil, which
 // RegisterQueue refuses.
 //
+// A Handler is a ConsumerFunc like any other, so the queue it is registered
+// with does not know T: Publish takes any data for it, and data that is not a
+// T fails at delivery. [RegisterHandler] and [ConsumeHandler] tell the queue T,
+// and Publish then refuses other data at once with ErrPayloadType.
+//
 // A ConsumerFunc receives a *Msg of its own, allocated for each delivery. To
 // consume without that allocation, register the function with
 // [RegisterHandler] instead.
@@ -71,7 +76,9 @@ func decodeAs[T any](data any, nilOK bool) (T, error) {
 // Publish refuses, with ErrPayloadType and for every queue it matches,
 // Data that is neither a T (a value implementing T, or nil, when T is an
 // interface type) nor an Encoded, on in-memory and durable queues alike (an
-// int64 is not an int, a *T not a T, a map not a struct); T any takes
+// int64 is not an int, a *T not a T, a map not a struct, a json.RawMessage
+// not the struct it encodes: publish bytes that are already encoded as an
+// Encoded with their codec, which the consumer decodes); T any takes
 // everything. The queue keeps T for its life, and refuses a typed consumer
 // of another type ([ConsumeHandler]) with ErrPayloadType. A consumer of
 // Encoded on a durable queue takes everything, which the codec encodes. Retries, dead-lettering, panics and the context work as
@@ -111,7 +118,7 @@ func deliveryConsumer[T any](fn func(ctx context.Context, d Delivery[T]) error) 
 			return err
 		}
 		return fn(ctx, Delivery[T]{ID: d.ID, Exchange: d.Exchange, Queue: d.Queue, RoutingKey: d.RoutingKey,
-			Headers: d.Headers, Data: v, Attempt: d.Attempt, Deaths: d.Deaths, Redelivered: d.Redelivered})
+			Headers: d.Headers, Data: v, Attempt: d.Attempt, Deaths: d.Deaths, Redelivered: d.Redelivered, Group: d.Group})
 	}
 	// On an engine the queue is consumed through a ConsumerFunc.
 	asMsg := func(ctx context.Context, msg *Msg) error { return direct(ctx, msg.delivery()) }

@@ -662,8 +662,11 @@ func WithMessageGroup(id string) PublishOption {
 // parallel across the queue's workers, and messages without a group as in
 // any queue. A queue with no consumer, or paused, keeps its groups waiting;
 // a durable queue keeps each group's order across a restart. Workers of such
-// a queue take one message at a time. An [Engine] refuses it with
-// [ErrUnsupported].
+// a queue take one message at a time. A message behind an earlier one of its
+// group is not yet at the front of the queue: its TTL ([WithMessageTTL],
+// [WithExpiration]) is checked when it is its group's next and reaches the
+// front, as RabbitMQ checks TTLs only at the head of a queue. An [Engine]
+// refuses it with [ErrUnsupported].
 func WithGroupOrdering() QueueOption {
 	return queueOptionFunc(func(c *queueConfig) error {
 		c.groups = true

@@ -114,11 +114,14 @@ func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc 
 // isCycle), does not get its copy, and the others do. It fails only when no
 // queue gets the message.
 //
+// The copy keeps group, the message's [WithMessageGroup], so that a queue
+// with [WithGroupOrdering] behind the dead-letter exchange keeps its order.
+//
 // src, when not nil, is the durable source queue's message: its
 // acknowledgement joins the log record of a dead letter that reaches a
 // durable queue, so that the move is atomic (see deadSource).
-func (m *MQ) publishDead(exchange string, data any, key string, headers map[string]any, deaths []Death, src *deadSource) error {
-	r := records{data: data, pc: publishConfig{routingKey: key, headers: headers}, deaths: deaths}
+func (m *MQ) publishDead(exchange string, data any, key, group string, headers map[string]any, deaths []Death, src *deadSource) error {
+	r := records{data: data, pc: publishConfig{routingKey: key, headers: headers, group: group}, deaths: deaths}
 	_, err := m.publish(exchange, &r, &deadLetter{src: src})
 	settleEvicted(r.evicted)
 	return err
@@ -241,7 +244,7 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 			dst, msgs = dst[:keep], msgs[:keep]
 		}
 		if len(dst) > 0 {
-			if cur.typed && dl == nil { // typed publish, all or nothing: see handler.go
+			if cur.typed && !internal { // typed publish (and replay), all or nothing: see handler.go
 				if err := m.checkPayloads(dst, r.data); err != nil {
 					m.mu.RUnlock()
 					return nil, err

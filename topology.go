@@ -22,6 +22,9 @@ type ExchangeInfo struct {
 	// Bindings are what each RegisterQueue or Bind call asked of the
 	// exchange, in the order they were made.
 	Bindings []BindingSpec
+	// DeduplicationWindow is [WithDeduplication]'s window, or 0. It is not
+	// part of ExchangeSpec: an [Engine] refuses WithDeduplication.
+	DeduplicationWindow time.Duration
 }
 
 // QueueInfo describes one queue's configuration.
@@ -51,6 +54,20 @@ type QueueInfo struct {
 	Consumers int
 	// Paused says whether [MQ.PauseQueue] paused the queue.
 	Paused bool
+	// DeliveryTimeout is [WithDeliveryTimeout], or 0.
+	DeliveryTimeout time.Duration
+	// RateLimit (deliveries a second) and RateBurst are [WithRateLimit], or
+	// 0.
+	RateLimit float64
+	RateBurst int
+	// GroupOrdering says whether the queue has [WithGroupOrdering].
+	GroupOrdering bool
+	// PayloadType names the payload type of a typed queue, whose consumer
+	// came from [RegisterHandler] or its kin, as [reflect.Type.String]
+	// writes it ("orders.Order", "[]uint8"); it is "" for a queue that
+	// takes any Data. A queue keeps its type for its life. A [QueueSpec]
+	// has it "": an engine's consumer is a [ConsumerFunc].
+	PayloadType string
 }
 
 // BindingInfo is the name [Topology] gave a binding before it shared
@@ -64,7 +81,8 @@ func queueInfo(name string, concurrency int, cfg queueConfig) QueueInfo {
 	return QueueInfo{Name: name, Concurrency: concurrency, MaxAttempts: max(cfg.retry.MaxAttempts, 1),
 		MessageTTL: cfg.ttl, MaxLen: cfg.maxLen, Overflow: cfg.overflow,
 		DeadLetterExchange: cfg.dlx, DeadLetterKey: cfg.dlxKey, Filtered: cfg.filter != nil,
-		Durable: cfg.durable, Expiry: cfg.expiry}
+		Durable: cfg.durable, Expiry: cfg.expiry,
+		DeliveryTimeout: cfg.deliveryTimeout, RateLimit: cfg.rate, RateBurst: cfg.burst, GroupOrdering: cfg.groups}
 }
 
 // Topology returns the MQ's exchanges, queues and bindings. It does not block
@@ -76,7 +94,7 @@ func (m *MQ) Topology() Topology {
 	var t Topology
 	for _, ex := range m.exchanges {
 		t.Exchanges = append(t.Exchanges, ExchangeInfo{ExchangeSpec: ExchangeSpec{Name: ex.name, Kind: ex.kind, Alternate: ex.cfg.alternate},
-			Bindings: slices.Clone(ex.bindings)})
+			Bindings: slices.Clone(ex.bindings), DeduplicationWindow: ex.cfg.dedup})
 	}
 	slices.SortFunc(t.Exchanges, func(a, b ExchangeInfo) int { return strings.Compare(a.Name, b.Name) })
 	for _, q := range m.order {
@@ -84,6 +102,9 @@ func (m *MQ) Topology() Topology {
 		qi := queueInfo(q.name, q.active, q.cfg)
 		qi.Consumers, qi.Paused = len(q.subs), q.paused
 		q.mu.Unlock()
+		if pt := m.payloads[q]; pt != nil { // m.payloads is guarded by m.mu, held
+			qi.PayloadType = pt.String()
+		}
 		t.Queues = append(t.Queues, qi)
 	}
 	return t

@@ -2,6 +2,7 @@ package tinymq_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -194,7 +195,7 @@ func TestTypedPublishInMemoryAndDurableQueuesAgree(t *testing.T) {
 	}{
 		{"T", typedEvent{1}}, {"*T", &typedEvent{1}}, {"nil", nil}, {"int", 1}, {"int64", int64(1)},
 		{"map", map[string]any{"N": 1}}, {"Encoded", tinymq.Encoded{Body: []byte(`{"N":1}`), Codec: tinymq.JSONCodec{}}},
-		{"string", "x"}, {"[]byte", []byte(`{"N":1}`)},
+		{"string", "x"}, {"[]byte", []byte(`{"N":1}`)}, {"json.RawMessage", json.RawMessage(`{"N":1}`)},
 	}
 	verdicts := func(durable bool, register func(m *tinymq.MQ, opts ...tinymq.QueueOption) error) map[string]bool {
 		var opts []tinymq.Option
@@ -234,6 +235,8 @@ func TestTypedPublishInMemoryAndDurableQueuesAgree(t *testing.T) {
 		assert.Equal(t, mem, dur, "%s: in-memory and durable queues disagree", name)
 		assert.True(t, mem["Encoded"], "%s: an Encoded is always taken", name)
 		assert.False(t, mem["int64"], "%s", name)
+		// Raw JSON is bytes, not a T: it goes in as an Encoded.
+		assert.False(t, mem["json.RawMessage"], "%s", name)
 	}
 }
 
