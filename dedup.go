@@ -47,32 +47,51 @@ type dedupEntry struct {
 	logged bool          // its i/ record is in the log
 	done   chan struct{} // closed once the claiming publish returned
 	ok     bool          // it returned nil (set before done is closed)
-	owner  uint64        // the claiming publish's goroutine (guard.Goid), while done is open
+	owner  uint64        // the claiming publish's goroutine (guard.Goid), once it runs user code; 0 before
 }
 
 func newDedupTable(window time.Duration) *dedupTable {
 	return &dedupTable{window: window, ids: make(map[string]*dedupEntry)}
 }
 
-// claim looks id up at now, for the publish of goroutine g. It returns dup
-// when id was accepted within the window; else, when another publish of id
-// is under way, the channel that closes when it returns (reentrant when
-// that publish is g's own, which called back into the MQ from a filter or a
-// codec: waiting for it would never end); else a new entry that the caller
-// now owns and must settle.
-func (t *dedupTable) claim(id string, g uint64, now time.Time) (e *dedupEntry, wait <-chan struct{}, dup, reentrant bool) {
+// claim looks id up at now. It returns dup when id was accepted within the
+// window; else, when another publish of id is under way, the channel that
+// closes when it returns, and that publish's goroutine (guard.Goid) if it has
+// begun running user code (0 otherwise: it cannot be the caller's own
+// goroutine, which is here and not in its user code); else a new entry that
+// the caller now owns and must settle.
+func (t *dedupTable) claim(id string, now time.Time) (e *dedupEntry, wait <-chan struct{}, owner uint64, dup bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expireLocked(now.UnixNano())
 	if o := t.ids[id]; o != nil {
 		if o.done != nil {
-			return nil, o.done, false, o.owner == g
+			return nil, o.done, o.owner, false
 		}
-		return nil, nil, true, false
+		return nil, nil, 0, true
 	}
-	e = &dedupEntry{id: id, done: make(chan struct{}), owner: g}
+	e = &dedupEntry{id: id, done: make(chan struct{})}
 	t.ids[id] = e
-	return e, nil, false, false
+	return e, nil, 0, false
+}
+
+// own records that e's claiming publish, on goroutine g, is about to run
+// user code (a filter, a codec, a logger), which may publish e's ID again
+// from g: see publishOnce.
+func (t *dedupTable) own(e *dedupEntry, g uint64) {
+	t.mu.Lock()
+	if e.done != nil {
+		e.owner = g
+	}
+	t.mu.Unlock()
+}
+
+// dedupClaim is a publish's claim of its deduplication ID, which it carries
+// in its records (see records.userCode).
+type dedupClaim struct {
+	t     *dedupTable
+	e     *dedupEntry
+	owned bool // own was called
 }
 
 // settle records the outcome of e's publish: accepted at now (and recorded
@@ -154,9 +173,11 @@ func (t *dedupTable) forgetLocked() {
 // it is accepted, this one returns nil as a duplicate; when it failed, this
 // one is routed in its turn (a retry must be able to succeed where the first
 // attempt failed). A publish of an ID from inside that ID's own publish (a
-// filter or a codec publishing it again) cannot wait for itself: it returns
-// ErrInvalidOption at once. Telling that apart costs a guard.Goid, about a
-// microsecond, per deduplicated publish.
+// filter, a codec or a logger publishing it again) cannot wait for itself:
+// it returns ErrInvalidOption at once. Telling that apart needs the
+// goroutine's ID (guard.Goid, a microsecond or more), so a publish takes it
+// only when it runs user code (records.userCode), and a publish that waits
+// only when the one it waits for did.
 func (m *MQ) publishOnce(ctx context.Context, exchange string, r *records) error {
 	m.mu.RLock()
 	ex := m.exchanges[exchange]
@@ -172,17 +193,16 @@ func (m *MQ) publishOnce(ctx context.Context, exchange string, r *records) error
 		return fmt.Errorf("%w: WithDeduplicationID to exchange %q, which has no WithDeduplication", ErrInvalidOption, exchange)
 	}
 	id := r.pc.dedupID
-	g := guard.Goid()
 	for {
-		e, wait, dup, reentrant := t.claim(id, g, time.Now())
+		e, wait, owner, dup := t.claim(id, time.Now())
 		if dup {
 			ex.duplicates.Add(1)
 			return nil
 		}
-		if reentrant {
-			return fmt.Errorf("%w: WithDeduplicationID %q from inside its own publish (a filter or a codec), which it would wait for forever", ErrInvalidOption, id)
-		}
 		if wait != nil {
+			if owner != 0 && owner == guard.Goid() {
+				return fmt.Errorf("%w: WithDeduplicationID %q from inside its own publish (a filter, a codec or a logger), which it would wait for forever", ErrInvalidOption, id)
+			}
 			select {
 			case <-wait:
 				continue
@@ -190,11 +210,22 @@ func (m *MQ) publishOnce(ctx context.Context, exchange string, r *records) error
 				return fmt.Errorf("tinymq: waiting for the publish of deduplication ID %q: %w", id, ctx.Err())
 			}
 		}
+		r.dedup = &dedupClaim{t: t, e: e}
 		err := m.publishRecords(ctx, exchange, r)
 		if drops := t.settle(e, err == nil, r.pc.dedupLogged, time.Now()); drops != nil {
 			m.dropDedupRecords(ex.name, drops)
 		}
 		return err
+	}
+}
+
+// userCode is called by a publish before it runs user code that may publish
+// again on its goroutine: see publishOnce. It costs nothing for a publish
+// without a deduplication ID, and a guard.Goid once for one with.
+func (r *records) userCode() {
+	if c := r.dedup; c != nil && !c.owned {
+		c.owned = true
+		c.t.own(c.e, guard.Goid())
 	}
 }
 

@@ -443,6 +443,44 @@ func TestDeduplicationPublishOfTheSameIDFromAFilterDoesNotDeadlock(t *testing.T)
 	assert.Equal(t, uint64(1), m.Stats().Queues["q"].Accepted)
 }
 
+// republishingCodec is JSON, except that encoding "outer" first publishes
+// "inner" with the same deduplication ID, from inside that ID's publish.
+type republishingCodec struct {
+	tinymq.JSONCodec
+	m     *tinymq.MQ
+	inner chan error
+}
+
+func (c republishingCodec) Marshal(v any) ([]byte, error) {
+	if v == "outer" {
+		c.inner <- c.m.Publish("ev", "inner", tinymq.WithDeduplicationID("id"))
+	}
+	return c.JSONCodec.Marshal(v)
+}
+
+// A codec is user code too: its publish of the ID being published is
+// refused, not waited for.
+func TestDeduplicationPublishOfTheSameIDFromACodecDoesNotDeadlock(t *testing.T) {
+	codec := republishingCodec{inner: make(chan error, 4)}
+	m := tinymq.New(quiet(), tinymq.WithDataDir(t.TempDir()), tinymq.WithCodec(&codec))
+	codec.m = m
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+	got := make(chan *tinymq.Msg, 10)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+	require.NoError(t, m.Start(context.Background()))
+	t.Cleanup(func() { stopWithin(t, m) })
+	done := make(chan error, 1)
+	go func() { done <- m.Publish("ev", "outer", tinymq.WithDeduplicationID("id")) }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(wait):
+		t.Fatal("a publish whose codec publishes its own deduplication ID froze")
+	}
+	assert.ErrorIs(t, <-codec.inner, tinymq.ErrInvalidOption, "the inner publish is refused, not routed")
+	assert.Equal(t, uint64(1), m.Stats().Queues["q"].Accepted)
+}
+
 // A filter that panics fails the publish and leaves no ID behind: a retry of
 // the ID is routed.
 func TestDeduplicationFilterPanicForgetsTheID(t *testing.T) {

@@ -65,6 +65,7 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 // what a durable queue needs, and routes r, waiting for room as need be.
 func (m *MQ) publishRecords(ctx context.Context, exchange string, r *records) error {
 	if m.anyDurable.Load() {
+		r.userCode() // the codec
 		if err := m.preEncode(exchange, r.data, &r.pc); err != nil {
 			return err
 		}
@@ -72,6 +73,9 @@ func (m *MQ) publishRecords(ctx context.Context, exchange string, r *records) er
 	for {
 		room, err := m.publish(exchange, r, nil)
 		if room == nil {
+			if len(r.evicted) > 0 {
+				r.userCode() // dead-lettering: loggers, filters and codecs
+			}
 			settleEvicted(r.evicted)
 			return err
 		}
@@ -216,6 +220,7 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 				msgs = append(msgs, r.msgFor(q))
 			}
 			m.mu.RUnlock()
+			r.userCode()
 			n, err := runFilters(dst, msgs)
 			m.mu.RLock()
 			if err != nil {
@@ -279,6 +284,8 @@ type records struct {
 	n      int  // the queues it is routed to: one needs no shared record
 
 	evicted []eviction // what DropHead evicted to make room: dead-letter them after
+
+	dedup *dedupClaim // the publish's claim of its WithDeduplicationID, or nil
 }
 
 func (r *records) msgFor(q *queue) *Msg {
@@ -441,6 +448,7 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 			q.holdInbound()
 		}
 		m.mu.RUnlock()
+		r.userCode() // the codec, a logger
 		if err := m.logMessage(ex, id, now, adm, amsgs, r.data, pc, r.deaths, dl); err != nil {
 			ex.refused.Add(1)
 			unreserve(adm, true)
