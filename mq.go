@@ -174,7 +174,7 @@ func New(opts ...Option) *MQ {
 func (m *MQ) init() {
 	m.initOnce.Do(func() {
 		if m.log == nil {
-			m.log = discardLogger
+			m.log = defaultLogger
 		}
 		if m.codec == nil {
 			m.codec = JSONCodec{}

@@ -350,8 +350,11 @@ func WithMaxLen(n int, overflow Overflow) QueueOption {
 
 // WithLogger sets the logger that TinyMQ reports to what it cannot return as an
 // error: failed deliveries (with the keys exchange, queue, msg_id, err, and stack
-// for panics) and messages a shutdown left undelivered. A nil logger, like the
-// default, discards everything.
+// for panics) and messages a shutdown left undelivered. Without it (or with a
+// nil logger) warnings and errors, every message dropped or left undelivered
+// among them, go to [slog.Default]'s handler at the time of each line, and
+// lines below a warning are dropped. WithLogger(slog.New(slog.DiscardHandler))
+// discards everything.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(m *MQ) {
 		if l != nil {
