@@ -159,9 +159,9 @@ var encodedType = reflect.TypeFor[Encoded]()
 // queue of dst could not take data. The caller holds the read lock.
 func (m *MQ) checkPayloads(dst []*queue, data any) error {
 	for _, q := range dst {
-		if t := m.payloads[q]; t != nil && !payloadFits(t, data) && !(q.cfg.durable && t == encodedType) {
-			// (a consumer of Encoded on a durable queue gets the codec's
-			// encoding of whatever was published)
+		if t := m.payloads[q]; t != nil && !payloadFits(t, data) && !((q.cfg.durable || m.engine != nil) && t == encodedType) {
+			// (a consumer of Encoded on a durable queue, or on an engine,
+			// gets the codec's encoding of whatever was published)
 			return fmt.Errorf("%w: got %T, queue %q takes %v", ErrPayloadType, data, q.name, t)
 		}
 	}

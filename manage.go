@@ -95,7 +95,7 @@ func (m *MQ) redeclareLocked(q *queue, exchange string, kind ExchangeType, cfg q
 // and validated cfg and hbs.
 func (m *MQ) createQueueLocked(exchange string, kind ExchangeType, name string, cfg queueConfig, hbs []headersBinding, c *consumer, concurrency int) (*queue, error) {
 	if m.engine != nil {
-		return m.createOnEngine(exchange, kind, name, cfg, c, concurrency)
+		return m.createOnEngine(exchange, kind, name, cfg, hbs, c, concurrency)
 	}
 	if cfg.durable {
 		if cfg.name == "" || m.dataDir == "" {
@@ -126,11 +126,12 @@ func (m *MQ) createQueueLocked(exchange string, kind ExchangeType, name string, 
 
 // createOnEngine is createQueueLocked on an engine. The queue is recorded,
 // without workers, so that names stay unique and Bind finds it.
-func (m *MQ) createOnEngine(exchange string, kind ExchangeType, name string, cfg queueConfig, c *consumer, concurrency int) (*queue, error) {
+func (m *MQ) createOnEngine(exchange string, kind ExchangeType, name string, cfg queueConfig, hbs []headersBinding, c *consumer, concurrency int) (*queue, error) {
 	if exchange == "" {
 		return nil, fmt.Errorf("%w: exchange name", ErrEmptyName)
 	}
-	// QueueSpec carries neither: an engine would ignore them silently.
+	// An engine would ignore these silently (its QueueSpec.QueueInfo has the
+	// fields, always zero): refuse them.
 	if cfg.deliveryTimeout > 0 {
 		return nil, fmt.Errorf("%w: WithDeliveryTimeout", ErrUnsupported)
 	}
@@ -165,7 +166,7 @@ func (m *MQ) createOnEngine(exchange string, kind ExchangeType, name string, cfg
 	q := newQueue(m.queueSeq, name, cfg, m)
 	m.queues[name] = q
 	m.order = append(m.order, q)
-	ex.bind(q, cfg.binding, nil)
+	ex.bind(q, cfg.binding, hbs) // the mirror routes too: typed publish (see checkEnginePayloads)
 	if c != nil {
 		q.subs = []*Subscription{{m: m, q: q, c: *c, n: concurrency, done: make(chan struct{})}}
 		q.active = concurrency

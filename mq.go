@@ -363,7 +363,7 @@ func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...BindingOpti
 		if err := m.engine.Bind(BindingSpec{Queue: queue, Exchange: exchange, Kind: kind, Keys: b.keys, Args: b.args}); err != nil {
 			return err
 		}
-		ex.bind(q, b, nil)
+		ex.bind(q, b, hbs)
 		return nil
 	}
 	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false)

@@ -97,9 +97,16 @@ func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc 
 	}
 	m.mu.RLock()
 	stopping := m.state >= stateStopping
+	var typeErr error
+	if !stopping {
+		typeErr = m.checkEnginePayloads(exchange, data, pc)
+	}
 	m.mu.RUnlock()
 	if stopping {
 		return ErrStopped
+	}
+	if typeErr != nil {
+		return typeErr
 	}
 	if pc.dedupID != "" {
 		return fmt.Errorf("%w: WithDeduplicationID", ErrUnsupported)
@@ -109,6 +116,32 @@ func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc 
 	}
 	return m.engine.Publish(ctx, Publishing{Exchange: exchange, RoutingKey: pc.routingKey, Headers: pc.headers,
 		Data: data, Expiration: pc.ttl, Delay: pc.delay})
+}
+
+// checkEnginePayloads is typed publish on an engine (see handler.go): the
+// broker routes, but the MQ's exchanges mirror the bindings it declared, so
+// it refuses, all or nothing, data that a typed queue of this MQ which the
+// message would reach could never take, as an in-memory publish does. (A
+// queue that another process bound is unknown here; its consumer
+// dead-letters such data.) The caller holds the read lock.
+func (m *MQ) checkEnginePayloads(exchange string, data any, pc *publishConfig) error {
+	if len(m.payloads) == 0 {
+		return nil
+	}
+	var qbuf [8]*queue
+	for cur, hops := m.exchanges[exchange], 0; cur != nil && hops <= len(m.exchanges); hops++ {
+		if dst := cur.route(pc.routingKey, pc.headers, qbuf[:0]); len(dst) > 0 {
+			if cur.typed {
+				return m.checkPayloads(dst, data)
+			}
+			return nil
+		}
+		if cur.cfg.alternate == "" {
+			return nil
+		}
+		cur = m.exchanges[cur.cfg.alternate]
+	}
+	return nil
 }
 
 // publishDead publishes a dead-lettered message with its deaths, the latest

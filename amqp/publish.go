@@ -264,8 +264,14 @@ func (e *engine) ensureDelay(exchange string, d time.Duration) (string, error) {
 }
 
 // encode marshals data with the codec, which is user code: a panic becomes
-// an error.
+// an error. An [tinymq.Encoded] (a message that a consumer received, passed
+// on) keeps its bytes, as a durable queue keeps them: encoded again it would
+// be the struct that holds them, which a typed consumer decodes into a zero
+// value without an error.
 func (e *engine) encode(data any) (body []byte, contentType string, err error) {
+	if enc, ok := data.(tinymq.Encoded); ok {
+		return enc.Body, e.codec.ContentType(), nil
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: the codec panicked: %s", tinymq.ErrPayloadType, guard.ValueText(r))

@@ -61,9 +61,10 @@ type Collector struct {
 	hist  *prometheus.HistogramVec
 
 	published, unroutable *prometheus.Desc
+	duplicates            *prometheus.Desc
 	counters              []queueCounter
 	ready, scheduled      *prometheus.Desc
-	inFlight              *prometheus.Desc
+	inFlight, abandoned   *prometheus.Desc
 	consumers, paused     *prometheus.Desc
 	deletedQueues         *prometheus.Desc
 	deletedRemoved        *prometheus.Desc
@@ -175,9 +176,11 @@ func NewCollector(mq *tinymq.MQ, opts ...Option) (*Collector, error) {
 		}, []string{"queue", "result"}),
 		published:      desc("tinymq_exchange_published_total", "Messages accepted by the exchange (Publish returned nil), each once however many queues it reached.", "exchange"),
 		unroutable:     desc("tinymq_exchange_unroutable_total", "Publishes to the exchange refused because no queue would take the message.", "exchange"),
+		duplicates:     desc("tinymq_exchange_duplicates_total", "Publishes that WithDeduplication found accepted already within its window: they returned nil and routed nothing.", "exchange"),
 		ready:          desc("tinymq_queue_messages_ready", "Messages waiting in the queue for a worker.", "queue"),
 		scheduled:      desc("tinymq_queue_messages_scheduled", "Messages of the queue waiting for a delay or a retry backoff to pass.", "queue"),
 		inFlight:       desc("tinymq_queue_messages_in_flight", "Messages of the queue inside its consumer now.", "queue"),
+		abandoned:      desc("tinymq_queue_calls_abandoned", "Consumer calls of the queue that outlived WithDeliveryTimeout and still run, their worker slots taken by new goroutines.", "queue"),
 		consumers:      desc("tinymq_queue_consumers", "Consumers of the queue: its RegisterQueue's and each Consume not cancelled.", "queue"),
 		paused:         desc("tinymq_queue_paused", "1 while PauseQueue has paused the queue, else 0.", "queue"),
 		deletedQueues:  desc("tinymq_queues_deleted_total", "Queues deleted, by DeleteQueue (reason deleted) or by their WithQueueExpiry (reason expired).", "reason"),
@@ -202,6 +205,7 @@ func NewCollector(mq *tinymq.MQ, opts ...Option) (*Collector, error) {
 	counter("dropped", "Dead messages with no dead-letter exchange, or one that could not route them.", func(s *tinymq.QueueStats) uint64 { return s.Dropped })
 	counter("undelivered", "Messages a Shutdown deadline, or a Stop before Start, kept from a consumer, and those Stop left in a queue no consumer takes.", func(s *tinymq.QueueStats) uint64 { return s.Undelivered })
 	counter("purged", "Messages that PurgeQueue removed from the queue.", func(s *tinymq.QueueStats) uint64 { return s.Purged })
+	counter("timed_out", "Deliveries that failed because the consumer outlived WithDeliveryTimeout (each also counts as failed).", func(s *tinymq.QueueStats) uint64 { return s.TimedOut })
 	return c, nil
 }
 
@@ -225,12 +229,14 @@ func checkBuckets(b []float64) error {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.published
 	ch <- c.unroutable
+	ch <- c.duplicates
 	for _, qc := range c.counters {
 		ch <- qc.desc
 	}
 	ch <- c.ready
 	ch <- c.scheduled
 	ch <- c.inFlight
+	ch <- c.abandoned
 	ch <- c.consumers
 	ch <- c.paused
 	ch <- c.deletedQueues
@@ -280,6 +286,7 @@ func (c *Collector) collectMQ(ch chan<- prometheus.Metric) {
 		l := labelValue(name)
 		send(prometheus.NewConstMetric(c.published, prometheus.CounterValue, float64(ex.Published), l))
 		send(prometheus.NewConstMetric(c.unroutable, prometheus.CounterValue, float64(ex.Unroutable), l))
+		send(prometheus.NewConstMetric(c.duplicates, prometheus.CounterValue, float64(ex.Duplicates), l))
 	}
 	for name, qs := range st.Queues {
 		l := labelValue(name)
@@ -289,6 +296,7 @@ func (c *Collector) collectMQ(ch chan<- prometheus.Metric) {
 		send(prometheus.NewConstMetric(c.ready, prometheus.GaugeValue, float64(qs.Ready), l))
 		send(prometheus.NewConstMetric(c.scheduled, prometheus.GaugeValue, float64(qs.Scheduled), l))
 		send(prometheus.NewConstMetric(c.inFlight, prometheus.GaugeValue, float64(qs.InFlight), l))
+		send(prometheus.NewConstMetric(c.abandoned, prometheus.GaugeValue, float64(qs.Abandoned), l))
 		send(prometheus.NewConstMetric(c.consumers, prometheus.GaugeValue, float64(qs.Consumers), l))
 		paused := 0.0
 		if qs.Paused {

@@ -35,8 +35,9 @@ func TestMain(m *testing.M) {
 
 var errBill = errors.New("card declined")
 
-// scenario runs an MQ through every counter the Collector exports, each to a
-// different value so that a swapped metric shows, and returns it stopped.
+// scenario runs an MQ through every counter the Collector exports (but the
+// job-queue ones, which TestJobQueueCounters drives), each to a different
+// value so that a swapped metric shows, and returns it stopped.
 // It runs in a synctest bubble for the TTL and the retry backoff.
 func scenario(t *testing.T) *tinymq.MQ {
 	t.Helper()
@@ -898,4 +899,71 @@ tinymq_deleted_queues_messages_removed_total 3
 `), "tinymq_deleted_queues_messages_removed_total"))
 	require.NoError(t, sub.Cancel(t.Context()))
 	mq.Stop()
+}
+
+// The job-queue counters: a delivery that outlives WithDeliveryTimeout
+// counts in tinymq_queue_timed_out_total and, while its call still runs, in
+// tinymq_queue_calls_abandoned; a publish that WithDeduplication finds
+// accepted already counts in tinymq_exchange_duplicates_total. It runs in a
+// synctest bubble for the timeout.
+func TestJobQueueCounters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		mq := tinymq.New()
+		// stuck ignores its context until release is closed.
+		require.NoError(t, mq.RegisterQueue("jobs", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			<-release
+			return nil
+		}, 2, tinymq.WithQueueName("slow"), tinymq.WithDeliveryTimeout(time.Second),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour})))
+		require.NoError(t, mq.DeclareExchange("once", tinymq.Fanout, tinymq.WithDeduplication(time.Minute)))
+		require.NoError(t, mq.RegisterQueue("once", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil },
+			1, tinymq.WithQueueName("paid")))
+		require.NoError(t, mq.Start(t.Context()))
+		c, err := tinymqprom.NewCollector(mq)
+		require.NoError(t, err)
+
+		for i := range 2 {
+			require.NoError(t, mq.Publish("jobs", i))
+		}
+		for range 3 {
+			require.NoError(t, mq.Publish("once", "pay", tinymq.WithDeduplicationID("invoice-7")))
+		}
+		require.NoError(t, mq.Publish("once", "pay", tinymq.WithDeduplicationID("invoice-8")))
+		time.Sleep(2 * time.Second) // the bubble's clock: both calls time out
+		synctest.Wait()
+
+		require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP tinymq_exchange_duplicates_total Publishes that WithDeduplication found accepted already within its window: they returned nil and routed nothing.
+# TYPE tinymq_exchange_duplicates_total counter
+tinymq_exchange_duplicates_total{exchange="jobs"} 0
+tinymq_exchange_duplicates_total{exchange="once"} 2
+# HELP tinymq_queue_timed_out_total Deliveries that failed because the consumer outlived WithDeliveryTimeout (each also counts as failed).
+# TYPE tinymq_queue_timed_out_total counter
+tinymq_queue_timed_out_total{queue="paid"} 0
+tinymq_queue_timed_out_total{queue="slow"} 2
+# HELP tinymq_queue_calls_abandoned Consumer calls of the queue that outlived WithDeliveryTimeout and still run, their worker slots taken by new goroutines.
+# TYPE tinymq_queue_calls_abandoned gauge
+tinymq_queue_calls_abandoned{queue="paid"} 0
+tinymq_queue_calls_abandoned{queue="slow"} 2
+`), "tinymq_exchange_duplicates_total", "tinymq_queue_timed_out_total", "tinymq_queue_calls_abandoned"))
+		vals, err := gather(c)
+		require.NoError(t, err)
+		assert.Equal(t, map[string]float64{"jobs": 2, "once": 2}, vals["tinymq_exchange_published_total"],
+			"duplicates are not published")
+		assert.Equal(t, map[string]float64{"paid": 0, "slow": 2}, vals["tinymq_queue_failed_total"],
+			"a timed-out delivery failed")
+		assert.Equal(t, map[string]float64{"paid": 0, "slow": 2}, vals["tinymq_queue_retried_total"])
+
+		close(release) // the abandoned calls return
+		synctest.Wait()
+		vals, err = gather(c)
+		require.NoError(t, err)
+		assert.Equal(t, map[string]float64{"paid": 0, "slow": 0}, vals["tinymq_queue_calls_abandoned"],
+			"no call is abandoned once they returned")
+		assert.Equal(t, map[string]float64{"paid": 0, "slow": 2}, vals["tinymq_queue_timed_out_total"], "counters only grow")
+		// The retries wait an hour: Shutdown's deadline drops them.
+		require.ErrorIs(t, mq.Shutdown(canceled(t)), context.Canceled)
+		mq.Stop()
+	})
 }
