@@ -79,7 +79,13 @@ func decodeAs[T any](data any, nilOK bool) (T, error) {
 // int64 is not an int, a *T not a T, a map not a struct, a json.RawMessage
 // not the struct it encodes: publish bytes that are already encoded as an
 // Encoded with their codec, which the consumer decodes); T any takes
-// everything. The queue keeps T for its life, and refuses a typed consumer
+// everything, and on a durable queue gets an Encoded, as a ConsumerFunc does
+// (the codec's bytes do not say what type was published). On a durable
+// queue, or an engine, T goes through the codec: what JSON changes (invalid
+// UTF-8 replaced, NaN and infinities refused at Publish) changes there, and a
+// T that is an interface with methods, which JSON cannot decode into, is
+// refused at registration with ErrPayloadType (with another [WithCodec] it is
+// the codec's to decode). The queue keeps T for its life, and refuses a typed consumer
 // of another type ([ConsumeHandler]) with ErrPayloadType. A consumer of
 // Encoded on a durable queue takes everything, which the codec encodes. Retries, dead-lettering, panics and the context work as
 // for a ConsumerFunc. It is a function, not a method, because Go methods take
@@ -168,6 +174,20 @@ func (m *MQ) checkPayloads(dst []*queue, data any) error {
 	return nil
 }
 
+// decodable refuses a typed consumer c that could take nothing from a
+// queue whose messages are encoded (durable, or on an engine) with JSON,
+// which cannot decode into an interface with methods.
+func (m *MQ) decodable(queue string, durable bool, c consumer) error {
+	t := c.payload
+	if t == nil || !(durable || m.engine != nil) || t.Kind() != reflect.Interface || t.NumMethod() == 0 {
+		return nil
+	}
+	if _, ok := m.codec.(JSONCodec); !ok {
+		return nil // another codec may decode into it
+	}
+	return fmt.Errorf("%w: queue %q keeps its messages encoded with JSON, which cannot decode into the interface %v", ErrPayloadType, queue, t)
+}
+
 // typeQueueLocked gives q the payload type of its consumer c, when c is
 // typed. A queue keeps its type for its life, its typed consumers cancelled
 // or not; a typed consumer of another type is refused with ErrPayloadType.
@@ -175,6 +195,9 @@ func (m *MQ) checkPayloads(dst []*queue, data any) error {
 func (m *MQ) typeQueueLocked(q *queue, c consumer) error {
 	if c.payload == nil {
 		return nil
+	}
+	if err := m.decodable(q.name, q.cfg.durable, c); err != nil {
+		return err
 	}
 	if t := m.payloads[q]; t != nil {
 		if t != c.payload {

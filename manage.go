@@ -468,10 +468,22 @@ func (m *MQ) PurgeQueue(name string) (int, error) {
 	q.reportIfQuiescentLocked()
 	q.mu.Unlock()
 	if scheduled {
-		for _, it := range m.sched.dropQueue(q, true) {
+		items := m.sched.dropQueue(q, true)
+		for _, it := range items {
 			if k := it.m.dkey(); k != "" {
 				keys = append(keys, k)
 			}
+		}
+		if q.cfg.groups {
+			// A retry held its group (WithGroupOrdering): the group goes on.
+			// (A retry the scheduler had already taken goes on in release.)
+			q.mu.Lock()
+			for _, it := range items {
+				if it.m.Attempt > 0 {
+					q.groupDoneLocked(it.m.Group())
+				}
+			}
+			q.mu.Unlock()
 		}
 	}
 	q.c.purged.Add(uint64(n))

@@ -323,6 +323,9 @@ func (m *MQ) register(exchange string, kind ExchangeType, c consumer, concurrenc
 	if m.queues[name] != nil {
 		return fmt.Errorf("%w: %q", ErrDuplicateQueue, name)
 	}
+	if err := m.decodable(name, cfg.durable, c); err != nil {
+		return err
+	}
 	q, err := m.createQueueLocked(exchange, kind, name, cfg, hbs, &c, concurrency)
 	if err != nil {
 		return err

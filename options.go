@@ -586,8 +586,17 @@ type flow struct {
 // [ErrDeliveryTimeout]. The queue's retry policy then applies, and
 // dead-lettering after the last attempt, as for any failure; what the late
 // call returns is ignored (it is not acknowledged, nor logged). A consumer
-// that returns an error once its deadline passed (such as ctx.Err()) fails
-// with ErrDeliveryTimeout too, wrapping its own error.
+// that returns once its deadline passed has failed with ErrDeliveryTimeout
+// too, even when it returns nil; when its return is seen before the
+// deadline's own handler fails the call, the error also wraps what it
+// returned (such as ctx.Err()), otherwise only ErrDeliveryTimeout. The
+// consumer's *Msg is a copy of its own: what the late call does with it
+// never reaches the MQ.
+//
+// In a queue with [WithGroupOrdering], a timed-out message has ended its
+// turn: its retry, or the next message of its group, may run while the
+// abandoned call still does. A consumer that needs one call at a time per
+// group must watch its context.
 //
 // The late call is abandoned, not killed (Go cannot stop a goroutine): a new
 // goroutine takes its worker slot, so the queue keeps its concurrency, while
@@ -664,8 +673,10 @@ func WithMessageGroup(id string) PublishOption {
 // succeeded, been dead-lettered or dropped. Different groups are delivered in
 // parallel across the queue's workers, and messages without a group as in
 // any queue. A queue with no consumer, or paused, keeps its groups waiting;
-// a durable queue keeps each group's order across a restart. Workers of such
-// a queue take one message at a time. A message behind an earlier one of its
+// a durable queue keeps each group's order across a restart. A message
+// published [WithDelay] joins its group when its delay ends, behind the
+// messages of the group that joined before. Workers of such a queue take one
+// message at a time. A message behind an earlier one of its
 // group is not yet at the front of the queue: its TTL ([WithMessageTTL],
 // [WithExpiration]) is checked when it is its group's next and reaches the
 // front, as RabbitMQ checks TTLs only at the head of a queue. An [Engine]

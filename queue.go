@@ -550,8 +550,10 @@ func (q *queue) release(m *Msg, gen uint32) {
 		// log did not include it. An abort, or a stop's strand, leaves it
 		// in the log for the next start.
 		removed := !q.aborted && (q.gone || int32(gen-q.purgeGen) < 0)
-		if q.cfg.groups && !q.aborted {
-			q.groupDoneLocked(m.Group()) // a retry the purge took: its group goes on
+		if q.cfg.groups && !q.aborted && m.Attempt > 0 {
+			// A retry the purge took held its group: the group goes on. (A
+			// delayed message has not joined its group yet.)
+			q.groupDoneLocked(m.Group())
 		}
 		q.mu.Unlock()
 		if k := m.dkey(); removed && k != "" {

@@ -115,8 +115,9 @@ type QueueStats struct {
 	Stored int
 
 	// Abandoned is how many consumer calls outlived [WithDeliveryTimeout]
-	// and still run, their worker slots taken by new goroutines (at most the
-	// queue's concurrency), and TimedOut counts the deliveries that failed
+	// and still run, their worker slots taken by new goroutines (each
+	// subscription at most as many as it has workers; a cancelled
+	// subscription's stay counted until they return), and TimedOut counts the deliveries that failed
 	// with [ErrDeliveryTimeout] (each also counts in Failed).
 	Abandoned int
 	TimedOut  uint64

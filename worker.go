@@ -545,17 +545,29 @@ type timedCall struct {
 // processTimed is process with a deadline q.cfg.deliveryTimeout after the
 // call begins, and returns the call's fate (see finish).
 func (q *queue) processTimed(ctx context.Context, w *worker, e *entry, m *Msg, abandoned *bool) (int32, error) {
+	// The consumer gets a Msg of its own: once its call is abandoned, the
+	// handler settles m (a retry hands it to the scheduler, then to another
+	// call) while the late call may still read and write its copy.
+	cm := m
+	if m != nil {
+		cm = m.clone()
+	}
 	dctx, cancel := context.WithTimeout(ctx, q.cfg.deliveryTimeout)
 	tc := &timedCall{ran: make(chan struct{}), cancel: cancel, parent: ctx, w: w, e: *e, m: m}
 	tc.stop = context.AfterFunc(dctx, func() { q.timedOut(dctx, tc) })
-	err := q.process(dctx, w.c, e, m, tc, abandoned) // a Goexit calls finish in process
-	late := dctx.Err() == context.DeadlineExceeded   // read before finish cancels dctx
+	err := q.process(dctx, w.c, e, cm, tc, abandoned) // a Goexit calls finish in process
+	late := dctx.Err() == context.DeadlineExceeded    // read before finish cancels dctx
 	fate := tc.finish()
-	if fate == callReturned && err != nil && late {
-		// It returned an error (such as ctx.Err()) once its deadline had
-		// passed, before the handler could claim the call: a timeout too.
+	if fate == callReturned && late {
+		// It returned once its deadline had passed (an error such as
+		// ctx.Err(), or nil), before the handler could claim the call: a
+		// timeout too, whichever came first on the machine.
 		q.c.timedOut.Add(1)
-		err = fmt.Errorf("%w: the consumer returned after %v (queue %q): %w", ErrDeliveryTimeout, q.cfg.deliveryTimeout, q.name, err)
+		if err == nil {
+			err = fmt.Errorf("%w: the consumer returned after %v (queue %q)", ErrDeliveryTimeout, q.cfg.deliveryTimeout, q.name)
+		} else {
+			err = fmt.Errorf("%w: the consumer returned after %v (queue %q): %w", ErrDeliveryTimeout, q.cfg.deliveryTimeout, q.name, err)
+		}
 	}
 	return fate, err
 }
