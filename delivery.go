@@ -17,6 +17,8 @@ type Delivery[T any] struct {
 	Redelivered bool
 	// Group is the message's [WithMessageGroup], as [Msg.Group] returns it.
 	Group string
+
+	msg *Msg // the Msg of a ConsumerFunc's call, for the middleware's chain (see wrapConsumer)
 }
 
 // delivery is m as a direct consumer receives it.

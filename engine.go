@@ -144,4 +144,6 @@ type Publishing struct {
 	// Expiration is [WithExpiration], or 0; Delay is [WithDelay], or 0.
 	Expiration time.Duration
 	Delay      time.Duration
+
+	r *records // a publish going through PublishMiddleware: see publishInner
 }

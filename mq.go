@@ -102,6 +102,10 @@ type MQ struct {
 	repairLog bool
 	maxSize   int // WithMaxMessageSize; 0: defaultMaxMessageSize
 
+	middleware    []Middleware        // WithMiddleware, outermost first
+	pubMiddleware []PublishMiddleware // WithPublishMiddleware, outermost first
+	pubChain      PublishFunc         // pubMiddleware around publishInner (init), or nil
+
 	initOnce sync.Once
 	own      guard.Owned // goroutine ids of the MQ's own goroutines
 
@@ -178,6 +182,9 @@ func (m *MQ) init() {
 		}
 		if m.codec == nil {
 			m.codec = JSONCodec{}
+		}
+		if len(m.pubMiddleware) > 0 {
+			m.pubChain = m.publishChain()
 		}
 		m.exchanges = make(map[string]*exchange)
 		m.queues = make(map[string]*queue)
@@ -306,6 +313,7 @@ func (m *MQ) register(exchange string, kind ExchangeType, c consumer, concurrenc
 		return fmt.Errorf("%w: got %d, want 1 to %d", ErrInvalidConcurrency, concurrency, MaxConcurrency)
 	}
 	m.init()
+	c = m.wrapConsumer(c)
 	cfg, hbs, err := queueOptions(kind, opts)
 	if err != nil {
 		return err

@@ -43,22 +43,31 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
 	}
 	m.init()
-	r := records{data: data}
+	if m.pubChain != nil {
+		return m.publishThrough(ctx, exchange, data, opts)
+	}
+	r := records{data: data} // on the stack: publishThrough has its own
 	if len(opts) > 0 {
 		if err := r.pc.apply(opts); err != nil {
 			return err
 		}
 	}
-	if err := m.checkSize(data); err != nil { // WithMaxMessageSize, before any copy or encoding
+	return m.publishChecked(ctx, exchange, &r)
+}
+
+// publishChecked is PublishContext once the options are applied (and the
+// publish middleware has run).
+func (m *MQ) publishChecked(ctx context.Context, exchange string, r *records) error {
+	if err := m.checkSize(r.data); err != nil { // WithMaxMessageSize, before any copy or encoding
 		return err
 	}
 	if m.engine != nil {
-		return m.publishOnEngine(ctx, exchange, data, &r.pc)
+		return m.publishOnEngine(ctx, exchange, r.data, &r.pc)
 	}
 	if r.pc.dedupID != "" {
-		return m.publishOnce(ctx, exchange, &r)
+		return m.publishOnce(ctx, exchange, r)
 	}
-	return m.publishRecords(ctx, exchange, &r)
+	return m.publishRecords(ctx, exchange, r)
 }
 
 // publishRecords is PublishContext once the options are checked: it encodes

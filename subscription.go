@@ -75,6 +75,7 @@ func (m *MQ) consume(name string, c consumer, concurrency int) (*Subscription, e
 		return nil, fmt.Errorf("%w: got %d, want 1 to %d", ErrInvalidConcurrency, concurrency, MaxConcurrency)
 	}
 	m.init()
+	c = m.wrapConsumer(c)
 	m.mu.Lock()
 	defer m.unlock()
 	if m.state >= stateStopping {
