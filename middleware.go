@@ -72,6 +72,31 @@ func WithPublishMiddleware(mw ...PublishMiddleware) Option {
 	})
 }
 
+// Options combines opts into one Option, applied in order (nil ones
+// skipped): for an integration that configures several things at once, such
+// as a middleware, a publish middleware and a [WithSetup].
+func Options(opts ...Option) Option {
+	return optionFunc(func(m *MQ) {
+		for _, o := range opts {
+			if o != nil {
+				o.applyMQ(m)
+			}
+		}
+	})
+}
+
+// WithSetup has New call fn with the new MQ once every option is applied,
+// before New returns (fn runs on New's goroutine, and may declare queues or
+// register a metrics collector over the MQ). Several run in order; a nil fn
+// is skipped. A panic in fn is New's caller's, as the fn is.
+func WithSetup(fn func(*MQ)) Option {
+	return optionFunc(func(m *MQ) {
+		if fn != nil {
+			m.setup = append(m.setup, fn)
+		}
+	})
+}
+
 // wrapConsumer wraps c in the MQ's middleware, once, when it is registered.
 func (m *MQ) wrapConsumer(c consumer) consumer {
 	if len(m.middleware) == 0 {

@@ -229,3 +229,28 @@ func TestPublishMiddlewareIsCheckedAndGuarded(t *testing.T) {
 	stopWithin(t, m)
 	assert.Equal(t, uint64(1), m.Stats().Queues["q"].Accepted)
 }
+
+// Options applies several options as one, in order, and WithSetup runs once
+// New has applied them all, with the MQ.
+func TestOptionsAndWithSetupConfigureAnIntegrationInOneOption(t *testing.T) {
+	var s seen
+	var setupMQ *tinymq.MQ
+	integration := tinymq.Options(
+		tinymq.WithMiddleware(recording("mw", &s)),
+		nil,
+		tinymq.WithSetup(func(m *tinymq.MQ) {
+			setupMQ = m
+			require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout))
+		}),
+	)
+	m := tinymq.New(quiet(), integration)
+	require.Same(t, m, setupMQ)
+	got := make(chan *tinymq.Msg, 1)
+	_, err := m.Consume("q", sink(got), 1)
+	require.NoError(t, err)
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("ev", 1))
+	<-got
+	stopWithin(t, m)
+	assert.Equal(t, []string{"mw in q 1", "mw out q 1 <nil>"}, s.list())
+}

@@ -105,6 +105,7 @@ type MQ struct {
 	middleware    []Middleware        // WithMiddleware, outermost first
 	pubMiddleware []PublishMiddleware // WithPublishMiddleware, outermost first
 	pubChain      PublishFunc         // pubMiddleware around publishInner (init), or nil
+	setup         []func(*MQ)         // WithSetup, run by New
 
 	initOnce sync.Once
 	own      guard.Owned // goroutine ids of the MQ's own goroutines
@@ -170,6 +171,11 @@ func New(opts ...Option) *MQ {
 		}
 	}
 	m.init()
+	setup := m.setup
+	m.setup = nil
+	for _, fn := range setup {
+		fn(m)
+	}
 	return m
 }
 
