@@ -44,7 +44,8 @@ func WithMiddleware(mw ...Middleware) Option {
 // PublishFunc is one publish as a [PublishMiddleware] sees it. p is the
 // publish, its options applied and checked; a middleware may change its
 // RoutingKey, Headers (a new map: the caller's may be shared) and Data
-// before it calls next, and next checks them again.
+// before it calls next, and next checks them again. Once next returned nil,
+// p.ID is the message's ID (see Publishing.ID).
 type PublishFunc func(ctx context.Context, p *Publishing) error
 
 // PublishMiddleware wraps every [MQ.Publish] and [MQ.PublishContext] of an MQ
@@ -189,5 +190,9 @@ func (m *MQ) publishInner(ctx context.Context, p *Publishing) error {
 	}
 	pc.ttl, pc.delay = p.Expiration, p.Delay
 	r.data = p.Data
-	return m.publishChecked(ctx, p.Exchange, r)
+	err := m.publishChecked(ctx, p.Exchange, r)
+	if err == nil {
+		p.ID = r.id
+	}
+	return err
 }

@@ -168,6 +168,7 @@ func TestMiddlewarePanicFailsOneDelivery(t *testing.T) {
 // adds reach the consumer; the first option is the outermost.
 func TestPublishMiddlewareAddsHeadersAndSeesTheOutcome(t *testing.T) {
 	var s seen
+	ids := make(chan uint64, 4)
 	stamp := func(name string) tinymq.PublishMiddleware {
 		return func(next tinymq.PublishFunc) tinymq.PublishFunc {
 			return func(ctx context.Context, p *tinymq.Publishing) error {
@@ -178,17 +179,23 @@ func TestPublishMiddlewareAddsHeadersAndSeesTheOutcome(t *testing.T) {
 				p.Headers = h
 				err := next(ctx, p)
 				s.add("%s %s %s %v", name, p.Exchange, p.RoutingKey, err)
+				if err == nil {
+					ids <- p.ID
+				}
 				return err
 			}
 		}
 	}
 	m := tinymq.New(quiet(), tinymq.WithPublishMiddleware(stamp("outer"), stamp("inner")))
+	defer close(ids)
 	got := make(chan *tinymq.Msg, 4)
 	require.NoError(t, m.RegisterQueue("ev", tinymq.Direct, sink(got), 1, tinymq.WithQueueName("q"), tinymq.WithBindingKey("k")))
 	require.NoError(t, m.Start(context.Background()))
 	require.NoError(t, m.Publish("ev", 1, tinymq.WithRoutingKey("k"), tinymq.WithHeaders(map[string]any{"own": int64(1)})))
 	msg := <-got
 	assert.Equal(t, map[string]any{"own": int64(1), "outer": "yes", "inner": "yes"}, msg.Headers)
+	assert.Equal(t, msg.ID, <-ids, "the middleware sees the message's ID")
+	assert.Equal(t, msg.ID, <-ids)
 	err := m.Publish("ev", 2, tinymq.WithRoutingKey("nowhere"))
 	require.ErrorIs(t, err, tinymq.ErrNoRoute)
 	stopWithin(t, m)

@@ -230,6 +230,7 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 		// take plain entries (see exchange.plain), with nothing to decide per
 		// queue: one ID, one entry, each queue takes it.
 		e := entry{m: ex.proto, id: ex.seq.Add(1), data: r.data}
+		r.id = e.id
 		for _, q := range ex.all {
 			if err := q.accept(e, time.Time{}, 0); err != nil {
 				m.mu.RUnlock()
@@ -328,6 +329,7 @@ type records struct {
 	evicted []eviction // what DropHead evicted to make room: dead-letter them after
 
 	dedup *dedupClaim // the publish's claim of its WithDeduplicationID, or nil
+	id    uint64      // the ID the exchange stamped, once it did
 }
 
 func (r *records) msgFor(q *queue) *Msg {
@@ -412,6 +414,7 @@ func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (roo
 			now = time.Now()
 		}
 		id := r.ex.seq.Add(1)
+		r.id = id
 		if m.dur != nil && m.dur.reserveDue(r.ex, id) {
 			// The ID's reservation may commit: not under the lock.
 			return m.enqueueAdmitted(r, dst, msgs, dl, id)
@@ -483,6 +486,7 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 	if id == 0 {
 		id = ex.seq.Add(1)
 	}
+	r.id = id
 	now := time.Now()
 	logged := m.dur != nil && (m.dur.reserveDue(ex, id) || slices.ContainsFunc(adm, func(q *queue) bool { return q.cfg.durable }))
 	if logged {
