@@ -3,6 +3,7 @@ package tinymq_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,16 @@ import (
 type grouped struct{ G, N int }
 
 func groupID(g int) string { return "g" + strconv.Itoa(g) }
+
+// releaser returns a channel that held consumers wait on, and the function
+// that closes it, once however often it is called. Deferred, it lets the
+// held calls go when a test fails, so that stopping the MQ then does not
+// wait for them forever.
+func releaser() (<-chan struct{}, func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return ch, func() { once.Do(func() { close(ch) }) }
+}
 
 // TestGroupOrderingDeliversEachGroupInPublishOrder: with 8 workers and 1,000
 // groups, each group's messages arrive one at a time, in publish order.
@@ -65,7 +76,8 @@ func TestGroupOrderingDeliversEachGroupInPublishOrder(t *testing.T) {
 // TestGroupOrderingSlowGroupDoesNotHoldBackOthers: while the consumer of one
 // group's message is held, every other group's messages are delivered.
 func TestGroupOrderingSlowGroupDoesNotHoldBackOthers(t *testing.T) {
-	release := make(chan struct{})
+	release, free := releaser()
+	defer free()
 	held := make(chan struct{})
 	others := make(chan grouped, 100)
 	var slowAfter atomic.Int32
@@ -98,7 +110,7 @@ func TestGroupOrderingSlowGroupDoesNotHoldBackOthers(t *testing.T) {
 	st := m.Stats().Queues["q"]
 	assert.Equal(t, 4, st.Depth, "the held group's backlog waits, and counts")
 	assert.Equal(t, 4, st.Ready)
-	close(release)
+	free()
 	require.Eventually(t, func() bool { return slowAfter.Load() == 4 }, wait, time.Millisecond)
 }
 
@@ -295,7 +307,9 @@ func TestGroupOrderingBacklogsCountAndGo(t *testing.T) {
 	})
 	t.Run("purge with a group's message in a consumer", func(t *testing.T) {
 		m := started(t)
-		held, release := make(chan struct{}), make(chan struct{})
+		held := make(chan struct{})
+		release, free := releaser()
+		defer free()
 		got := make(chan grouped, 10)
 		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
 			p := msg.Data.(grouped)
@@ -314,7 +328,7 @@ func TestGroupOrderingBacklogsCountAndGo(t *testing.T) {
 		n, err := m.PurgeQueue("q")
 		require.NoError(t, err)
 		assert.Equal(t, 3, n, "the group's backlog is purged, not its message in the consumer")
-		close(release)
+		free()
 		assert.Equal(t, grouped{0, 0}, recv(t, got, 1)[0])
 		require.NoError(t, m.Publish("ev", grouped{0, 9}, tinymq.WithMessageGroup("g0")))
 		assert.Equal(t, grouped{0, 9}, recv(t, got, 1)[0])
@@ -387,4 +401,426 @@ func TestGroupIsCarriedByQueuesWithoutGroupOrdering(t *testing.T) {
 		groups[msg.Data.(string)+"/"+msg.Group()]++
 	}
 	assert.Equal(t, map[string]int{"x/g": 2, "y/": 2}, groups)
+}
+
+// groupLog records what the consumer of a group-ordered queue saw, group by
+// group: each call (the message's number in its group and its attempt, with
+// a sequence number across all groups), each success, in the order they
+// happened, and every time two messages of one group were in consumers at
+// once. It is safe for concurrent use.
+type groupLog struct {
+	mu        sync.Mutex
+	seq       int
+	calls     map[string][]groupCall
+	successes map[string][]int
+	busy      map[string]int
+	overlaps  int
+}
+
+// groupCall is one call of a consumer: message N of its group, its attempt,
+// and Seq, its place among the calls of every group. Late says that the
+// call's context had ended when it was recorded (see beginCtx).
+type groupCall struct {
+	N, Attempt, Seq int
+	Late            bool
+}
+
+func newGroupLog() *groupLog {
+	return &groupLog{calls: map[string][]groupCall{}, successes: map[string][]int{}, busy: map[string]int{}}
+}
+
+// begin records a call of message n of group g, and returns how many calls
+// of it came before and the function that ends the call, to defer (it runs
+// on a panic too).
+func (l *groupLog) begin(g string, n, attempt int) (int, func()) {
+	return l.beginCtx(context.Background(), g, n, attempt)
+}
+
+// beginCtx is begin for a queue with a delivery timeout: a call recorded
+// once its context ended is Late. One that is not Late was recorded before
+// its deadline, so before its message could end by a timeout and let its
+// group's next message go: it is in its place among its group's calls.
+func (l *groupLog) beginCtx(ctx context.Context, g string, n, attempt int) (int, func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seq++
+	before := 0
+	for _, c := range l.calls[g] {
+		if c.N == n {
+			before++
+		}
+	}
+	l.calls[g] = append(l.calls[g], groupCall{N: n, Attempt: attempt, Seq: l.seq, Late: ctx.Err() != nil})
+	if g == "" {
+		return before, func() {} // messages without a group run side by side
+	}
+	if l.busy[g]++; l.busy[g] > 1 {
+		l.overlaps++
+	}
+	return before, func() {
+		l.mu.Lock()
+		l.busy[g]--
+		l.mu.Unlock()
+	}
+}
+
+// succeeded records that the call of message n of group g succeeds.
+func (l *groupLog) succeeded(g string, n int) {
+	l.succeededCtx(context.Background(), g, n)
+}
+
+// succeededCtx is succeeded for a queue with a delivery timeout: it records
+// the success only while the call's context lasts, so that the success is
+// in its place among its group's (the call may still time out before it
+// returns, and its message be delivered again).
+func (l *groupLog) succeededCtx(ctx context.Context, g string, n int) {
+	l.mu.Lock()
+	if ctx.Err() == nil {
+		l.successes[g] = append(l.successes[g], n)
+	}
+	l.mu.Unlock()
+}
+
+// successCount is the number of successes recorded.
+func (l *groupLog) successCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, s := range l.successes {
+		n += len(s)
+	}
+	return n
+}
+
+// assertCallsInOrder checks that the calls of group g (other than Late ones)
+// come in publish order, a message's attempts one after the other: each N is
+// the one before or a later one, an N's attempts count up by one, and a new
+// N's attempt is 1 unless firstAttempt (nil: always 1) says otherwise, for a
+// message attempted before a restart.
+func assertCallsInOrder(t *testing.T, g string, calls []groupCall, firstAttempt func(n int) int) {
+	t.Helper()
+	prev := groupCall{N: -1}
+	for _, c := range calls {
+		if c.Late {
+			continue
+		}
+		switch {
+		case c.N == prev.N:
+			if !assert.Equal(t, prev.Attempt+1, c.Attempt, "group %s: message %d's attempts out of turn in %v", g, c.N, calls) {
+				return
+			}
+		case c.N > prev.N:
+			want := 1
+			if firstAttempt != nil {
+				want = firstAttempt(c.N)
+			}
+			if !assert.Equal(t, want, c.Attempt, "group %s: message %d's first call here in %v", g, c.N, calls) {
+				return
+			}
+		default:
+			assert.Fail(t, "a group's message delivered after a later one", "group %s: message %d after %d in %v", g, c.N, prev.N, calls)
+			return
+		}
+		prev = c
+	}
+}
+
+// abortMQ ends m at once, its consumers' contexts cancelled, when a test that
+// holds a call in its consumer until then fails (after a Stop it does
+// nothing).
+func abortMQ(m *tinymq.MQ) {
+	_ = m.Shutdown(canceledCtx())
+	m.Stop()
+}
+
+// decodeGrouped is the grouped payload of a durable queue's message.
+func decodeGrouped(t *testing.T, msg *tinymq.Msg) grouped {
+	var p grouped
+	if err := msg.Data.(tinymq.Encoded).Decode(&p); err != nil {
+		t.Errorf("message %d: %v", msg.ID, err)
+	}
+	return p
+}
+
+// TestGroupOrderingThousandGroupsKeepTheirPaceAndOrderWhileOneIsHeld: with
+// 1,000 groups on 8 workers, each call taking 1ms (fake time), the queue
+// delivers 8 messages a millisecond, and the other groups still 7 a
+// millisecond while one group's consumer is held: the held group costs its
+// own worker and nothing more, its later messages wait, and all the other
+// groups complete meanwhile. Messages of other groups fail and retry (an
+// error twice, a panic once), each holding back only its own group's later
+// messages while the rest go on; every group's calls and successes come in
+// publish order.
+func TestGroupOrderingThousandGroupsKeepTheirPaceAndOrderWhileOneIsHeld(t *testing.T) {
+	const groups, per, conc = 1000, 5, 8
+	const work, backoff = time.Millisecond, 5 * time.Millisecond
+	const at = 500 * time.Millisecond // well before the work runs out (about 5,300 calls)
+	// fails says how a call of message n of group g fails: twice with an
+	// error for message 1 of groups 3, 13, ...; once with a panic for
+	// message 3 of groups 7, 17, ...
+	fails := func(g, n, attempt int) (err, panics bool) {
+		return g%10 == 3 && n == 1 && attempt < 3, g%10 == 7 && n == 3 && attempt == 1
+	}
+	others := (groups - 1) * per // the calls of every group but 0
+	for g := 1; g < groups; g++ {
+		for n := range per {
+			for a := 1; ; a++ {
+				err, panics := fails(g, n, a)
+				if !err && !panics {
+					break
+				}
+				others++
+			}
+		}
+	}
+	for _, held := range []bool{false, true} {
+		name := "none held"
+		if held {
+			name = "group 0 held"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				heldCall, othersDone := make(chan struct{}), make(chan struct{})
+				release, free := releaser()
+				var returned atomic.Int64 // calls of groups other than 0 that returned
+				log := newGroupLog()
+				m := tinymq.New(quiet())
+				defer m.Stop()
+				defer free() // before the Stop, should the test fail
+				require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+					p := msg.Data.(grouped)
+					_, end := log.begin(msg.Group(), p.N, msg.Attempt)
+					defer end()
+					if p.G == 0 {
+						if held && p.N == 0 {
+							close(heldCall)
+							<-release
+						} else {
+							time.Sleep(work)
+						}
+						log.succeeded(msg.Group(), p.N)
+						return nil
+					}
+					defer func() {
+						if returned.Add(1) == int64(others) {
+							close(othersDone)
+						}
+					}()
+					time.Sleep(work)
+					switch err, panics := fails(p.G, p.N, msg.Attempt); {
+					case err:
+						return errors.New("not yet")
+					case panics:
+						panic("once")
+					}
+					log.succeeded(msg.Group(), p.N)
+					return nil
+				}, conc, tinymq.WithQueueName("q"), tinymq.WithGroupOrdering(),
+					tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: backoff, MaxBackoff: backoff})))
+				for n := range per {
+					for g := range groups {
+						require.NoError(t, m.Publish("ev", grouped{g, n}, tinymq.WithMessageGroup(groupID(g))))
+					}
+				}
+				require.NoError(t, m.Start(context.Background()))
+				if held {
+					closedWithin(t, heldCall, "the held group's first call")
+				}
+
+				// Halfway through a millisecond, every worker is inside a call.
+				time.Sleep(at + work/2)
+				unheld := conc
+				if held {
+					unheld--
+				}
+				want := float64(unheld) * float64(at/work)
+				assert.GreaterOrEqual(t, float64(returned.Load()), 0.95*want,
+					"calls of the other groups by %v: the %d workers not held, 1 a millisecond each", at, unheld)
+
+				closedWithin(t, othersDone, "every other group's last call")
+				if held {
+					log.mu.Lock()
+					assert.Len(t, log.calls[groupID(0)], 1, "the held group's later messages wait")
+					log.mu.Unlock()
+					assert.Equal(t, per-1, m.Stats().Queues["q"].Depth, "and count in Depth")
+					free()
+				}
+				stopWithin(t, m)
+
+				log.mu.Lock()
+				defer log.mu.Unlock()
+				assert.Zero(t, log.overlaps, "two messages of one group in consumers at once")
+				var all []int
+				for n := range per {
+					all = append(all, n)
+				}
+				for g := range groups {
+					id := groupID(g)
+					calls := log.calls[id]
+					assertCallsInOrder(t, id, calls, nil)
+					if !assert.Equal(t, all, log.successes[id], "group %s: successes", id) {
+						continue
+					}
+					// Between a message's attempts, other groups went on.
+					for i := 1; i < len(calls); i++ {
+						if calls[i].N == calls[i-1].N {
+							assert.Greater(t, calls[i].Seq-calls[i-1].Seq, conc,
+								"group %s: calls of other groups while message %d waited for its retry", id, calls[i].N)
+						}
+					}
+				}
+				st := m.Stats().Queues["q"]
+				assert.Equal(t, uint64(groups*per), st.Succeeded)
+				assert.Equal(t, uint64(others-(groups-1)*per), st.Retried)
+				assertLedger(t, "q", st)
+			})
+		})
+	}
+}
+
+// TestGroupOrderingThousandGroupsKeepTheirOrderAcrossARestart: a durable
+// queue of 1,000 groups stopped midway (paused and stopped, or paused and
+// shut down at a deadline while a message of group 1 is in its consumer),
+// with messages waiting for their retry, delivers after a restart each
+// group's remaining messages in publish order: the message that was out
+// first (a retry keeps its attempt count), its group's later ones behind
+// it; a retry after the restart holds back only its own group again, and
+// every message succeeds once across both runs.
+func TestGroupOrderingThousandGroupsKeepTheirOrderAcrossARestart(t *testing.T) {
+	const groups, per, conc = 1000, 4, 8
+	// Message 2 of groups 0, 10, ... fails for as long as the first run
+	// lasts; message 1 of groups 5, 15, ... fails once in the first run,
+	// message 3 of the same groups once in the second.
+	const stuck = groups / 10
+	for _, mode := range []string{"paused Stop", "Shutdown deadline with a call held"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			register := func(m *tinymq.MQ, consume tinymq.ConsumerFunc) {
+				t.Helper()
+				require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, consume, conc, tinymq.WithQueueName("q"),
+					tinymq.WithDurable(), tinymq.WithGroupOrdering(),
+					tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 1000, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})))
+			}
+			shutdown := mode != "paused Stop"
+			open := func() *tinymq.MQ {
+				m := tinymq.New(tinymq.WithDataDir(dir), quiet())
+				t.Cleanup(func() { abortMQ(m) })
+				return m
+			}
+
+			// Run 1.
+			log1 := newGroupLog()
+			var stuckFailed atomic.Int64
+			allStuck, held := make(chan struct{}), make(chan struct{})
+			m := open()
+			register(m, func(ctx context.Context, msg *tinymq.Msg) error {
+				p := decodeGrouped(t, msg)
+				_, end := log1.begin(msg.Group(), p.N, msg.Attempt)
+				defer end()
+				switch {
+				case shutdown && p == (grouped{1, 1}):
+					close(held)
+					<-ctx.Done()
+					return ctx.Err()
+				case p.G%10 == 0 && p.N == 2:
+					if msg.Attempt == 1 && stuckFailed.Add(1) == stuck {
+						close(allStuck)
+					}
+					return errors.New("not before the restart")
+				case p.G%10 == 5 && p.N == 1 && msg.Attempt == 1:
+					return errors.New("once")
+				}
+				log1.succeeded(msg.Group(), p.N)
+				return nil
+			})
+			for n := range per {
+				for g := range groups {
+					require.NoError(t, m.Publish("ev", grouped{g, n}, tinymq.WithMessageGroup(groupID(g))))
+				}
+			}
+			require.NoError(t, m.Start(context.Background()))
+			closedWithin(t, allStuck, "the first failure of every stuck message")
+			require.NoError(t, m.PauseQueue("q"))
+			if shutdown {
+				closedWithin(t, held, "the held call")
+				require.Eventually(t, func() bool { return m.Stats().Queues["q"].InFlight == 1 }, wait, time.Millisecond,
+					"every call but the held one returned")
+				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+				err := m.Shutdown(ctx)
+				cancel()
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+			}
+			stopWithin(t, m)
+			st := m.Stats().Queues["q"]
+			assertLedger(t, "q", st)
+			left := groups*per - log1.successCount()
+			require.Equal(t, uint64(left), st.Undelivered, "what waited stayed in the log")
+
+			// Run 2.
+			log2 := newGroupLog()
+			var succeeded atomic.Int64
+			all := make(chan struct{})
+			m = open()
+			register(m, func(ctx context.Context, msg *tinymq.Msg) error {
+				p := decodeGrouped(t, msg)
+				before, end := log2.begin(msg.Group(), p.N, msg.Attempt)
+				defer end()
+				if shutdown && p == (grouped{1, 1}) && !msg.Redelivered {
+					t.Errorf("the message in its consumer at the deadline is not marked redelivered")
+				}
+				if p.G%10 == 5 && p.N == 3 && before == 0 {
+					return errors.New("once more")
+				}
+				log2.succeeded(msg.Group(), p.N)
+				if succeeded.Add(1) == int64(left) {
+					close(all)
+				}
+				return nil
+			})
+			require.Equal(t, left, m.Stats().Queues["q"].Depth, "restored")
+			require.NoError(t, m.Start(context.Background()))
+			closedWithin(t, all, "every message left")
+			stopWithin(t, m)
+			st = m.Stats().Queues["q"]
+			assert.Equal(t, uint64(left), st.Succeeded)
+			assertLedger(t, "q", st)
+
+			log1.mu.Lock()
+			defer log1.mu.Unlock()
+			log2.mu.Lock()
+			defer log2.mu.Unlock()
+			assert.Zero(t, log1.overlaps, "before the restart: two messages of one group in consumers at once")
+			assert.Zero(t, log2.overlaps, "after the restart: two messages of one group in consumers at once")
+			var want []int
+			for n := range per {
+				want = append(want, n)
+			}
+			for g := range groups {
+				id := groupID(g)
+				before := log1.calls[id]
+				assertCallsInOrder(t, id, before, nil)
+				// Run 2 begins where run 1 ended: a message attempted in run 1
+				// goes on with its attempt count.
+				lastAttempt := map[int]int{}
+				for _, c := range before {
+					lastAttempt[c.N] = c.Attempt
+				}
+				if shutdown && g == 1 {
+					// The call the deadline cut short is not an attempt: the
+					// message is delivered again as a broker requeues what a
+					// closing consumer did not acknowledge.
+					delete(lastAttempt, 1)
+				}
+				assertCallsInOrder(t, id, log2.calls[id], func(n int) int { return lastAttempt[n] + 1 })
+				if after := log2.calls[id]; len(after) > 0 {
+					assert.Equal(t, len(log1.successes[id]), after[0].N, "group %s: the first call after the restart", id)
+				}
+				if g%10 == 0 {
+					assert.Equal(t, []int{0, 1}, log1.successes[id], "group %s: before the restart", id)
+				}
+				assert.Equal(t, want, append(slices.Clone(log1.successes[id]), log2.successes[id]...),
+					"group %s: successes before and after the restart", id)
+			}
+		})
+	}
 }

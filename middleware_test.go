@@ -90,10 +90,7 @@ func TestMiddlewareWrapsEveryConsumerForm(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, m.Start(context.Background()))
 	require.NoError(t, m.Publish("ev", mwEvent{1}))
-	var queues []string
-	for _, q := range recv(t, got, 6) {
-		queues = append(queues, q)
-	}
+	queues := recv(t, got, 6)
 	stopWithin(t, m)
 	assert.ElementsMatch(t, []string{"func", "handler", "delivery", "sub", "subhandler", "subdelivery"}, queues)
 	calls := s.list()
