@@ -132,6 +132,9 @@ func (m *MQ) createOnEngine(exchange string, kind ExchangeType, name string, cfg
 	}
 	// An engine would ignore these silently (its QueueSpec.QueueInfo has the
 	// fields, always zero): refuse them.
+	if cfg.durable { // the broker keeps the queue's messages, durable or not by its own settings
+		return nil, fmt.Errorf("%w: WithDurable", ErrUnsupported)
+	}
 	if cfg.deliveryTimeout > 0 {
 		return nil, fmt.Errorf("%w: WithDeliveryTimeout", ErrUnsupported)
 	}

@@ -423,6 +423,9 @@ func (m *MQ) Start(ctx context.Context) error {
 		return ErrStopped
 	}
 	if m.engine != nil {
+		if m.dataDir != "" { // the broker keeps the messages: a log would be silently unused
+			return fmt.Errorf("%w: WithDataDir", ErrUnsupported)
+		}
 		if err := m.engine.Start(ctx); err != nil {
 			return err
 		}

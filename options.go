@@ -392,7 +392,9 @@ func WithEngine(e Engine) Option {
 // [ErrLocked] from that call. Stop and Shutdown close it.
 //
 // With a data directory, message IDs stay unique across restarts: each
-// exchange reserves its IDs in blocks recorded in the log.
+// exchange reserves its IDs in blocks recorded in the log. An MQ on an
+// [Engine] keeps no log (the broker keeps the messages): its Start returns
+// [ErrUnsupported].
 func WithDataDir(dir string) Option {
 	return optionFunc(func(m *MQ) { m.dataDir = dir })
 }
@@ -438,7 +440,8 @@ func WithSync(d time.Duration) Option {
 // MQ's [Codec], every time, before and after a restart alike; a [Handler]
 // consumer gets its type T as on any queue. The queue needs a stable name
 // ([WithQueueName]) and the MQ a data directory; otherwise RegisterQueue
-// returns [ErrInvalidOption].
+// returns [ErrInvalidOption]. An [Engine] refuses it with [ErrUnsupported]:
+// the broker keeps the queue's messages.
 func WithDurable() QueueOption {
 	return queueOptionFunc(func(c *queueConfig) error {
 		c.durable = true
