@@ -230,7 +230,7 @@ func (q *queue) retryLater(m *Msg, err error) bool {
 		return false
 	}
 	q.c.retried.Add(1)
-	q.logFailure(m, err, slog.LevelWarn, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
+	q.logFailure(m, err, slog.LevelInfo, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
 	if evicted != nil {
 		q.c.overflowed.Add(1)
 		q.deadLetter(evicted, ReasonMaxLen, nil)
