@@ -43,8 +43,8 @@ type Death struct {
 	MessageID uint64
 	// LastError is the text of the consumer's last error, if any.
 	LastError string
-	// Time is when it was dead-lettered, the first time for a Count above 1
-	// (as RabbitMQ keeps x-death's time).
+	// Time is when it was dead-lettered: for a Count above 1, the first
+	// time, as for the exchange and routing key.
 	Time time.Time
 }
 
