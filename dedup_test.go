@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -153,7 +154,7 @@ func TestDeduplicationForgetsAFailedPublish(t *testing.T) {
 func TestDeduplicationOptionsAreValidated(t *testing.T) {
 	m := tinymq.New()
 	defer m.Stop()
-	for _, w := range []time.Duration{0, -time.Second} {
+	for _, w := range []time.Duration{0, -time.Nanosecond, -time.Second, math.MinInt64} {
 		assert.ErrorIs(t, m.DeclareExchange("bad", tinymq.Fanout, tinymq.WithDeduplication(w)), tinymq.ErrInvalidOption, "window %v", w)
 	}
 	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Minute)))
@@ -671,4 +672,343 @@ func TestDeduplicationBoundForgetsTheOldestFirst(t *testing.T) {
 	_, err := m.PurgeQueue("q")
 	require.NoError(t, err)
 	m.Stop()
+}
+
+// A publish that failed leaves no ID behind, whatever made it fail: the next
+// publish of the ID is routed, and the one after that is a duplicate.
+func TestDeduplicationForgetsTheIDOfEveryFailedPublish(t *testing.T) {
+	type payload struct{ A int }
+	declare := func(t *testing.T, m *tinymq.MQ, kind tinymq.ExchangeType, opts ...tinymq.QueueOption) {
+		t.Helper()
+		require.NoError(t, m.DeclareExchange("ev", kind, tinymq.WithDeduplication(time.Hour)))
+		require.NoError(t, m.DeclareQueue("q", "ev", kind, opts...))
+	}
+	publish := func(m *tinymq.MQ, data any, opts ...tinymq.PublishOption) func(string) error {
+		return func(id string) error { return m.Publish("ev", data, append(opts, tinymq.WithDeduplicationID(id))...) }
+	}
+	cases := []struct {
+		name string
+		want error
+		// setup declares "ev" and its queue "q", and returns a publish of
+		// an ID that fails, and one that then succeeds.
+		setup func(t *testing.T, m *tinymq.MQ) (bad, good func(id string) error)
+	}{
+		{"no route", tinymq.ErrNoRoute, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			declare(t, m, tinymq.Direct, tinymq.WithBindingKey("k"))
+			return publish(m, 1, tinymq.WithRoutingKey("other")), publish(m, 1, tinymq.WithRoutingKey("k"))
+		}},
+		{"filtered out", tinymq.ErrNoRoute, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			declare(t, m, tinymq.Fanout, tinymq.WithFilter(func(msg *tinymq.Msg) bool { return msg.Data == "ok" }))
+			return publish(m, "no"), publish(m, "ok")
+		}},
+		{"filter panics", tinymq.ErrPanicked, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			declare(t, m, tinymq.Fanout, tinymq.WithFilter(func(msg *tinymq.Msg) bool {
+				if msg.Data == "panic" {
+					panic("filter")
+				}
+				return true
+			}))
+			return publish(m, "panic"), publish(m, "ok")
+		}},
+		{"queue full", tinymq.ErrQueueFull, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			declare(t, m, tinymq.Fanout, tinymq.WithMaxLen(1, tinymq.RejectPublish))
+			require.NoError(t, m.DeclareQueue("other", "ev", tinymq.Fanout))
+			require.NoError(t, m.Publish("ev", "fill"))
+			return publish(m, 1), func(id string) error {
+				if _, err := m.PurgeQueue("q"); err != nil {
+					return err
+				}
+				return publish(m, 1)(id)
+			}
+		}},
+		{"waiting for room until its context ends", context.DeadlineExceeded, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			declare(t, m, tinymq.Fanout, tinymq.WithMaxLen(1, tinymq.Block))
+			require.NoError(t, m.Publish("ev", "fill"))
+			return func(id string) error {
+					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+					defer cancel()
+					return m.PublishContext(ctx, "ev", 1, tinymq.WithDeduplicationID(id))
+				}, func(id string) error {
+					if _, err := m.PurgeQueue("q"); err != nil {
+						return err
+					}
+					return publish(m, 1)(id)
+				}
+		}},
+		{"payload type", tinymq.ErrPayloadType, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+			require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(context.Context, payload) error { return nil }, 1,
+				tinymq.WithQueueName("q")))
+			return publish(m, "not a payload"), publish(m, payload{1})
+		}},
+		{"too large", tinymq.ErrTooLarge, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			declare(t, m, tinymq.Fanout)
+			return publish(m, make([]byte, 2048)), publish(m, make([]byte, 10))
+		}},
+		{"bad headers", tinymq.ErrInvalidHeaders, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			declare(t, m, tinymq.Fanout)
+			return publish(m, 1, tinymq.WithHeaders(map[string]any{"c": make(chan int)})), publish(m, 1)
+		}},
+		{"key too long", tinymq.ErrKeyTooLong, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			declare(t, m, tinymq.Fanout)
+			return publish(m, 1, tinymq.WithRoutingKey(strings.Repeat("k", 256))), publish(m, 1)
+		}},
+		{"bad group", tinymq.ErrInvalidOption, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			declare(t, m, tinymq.Fanout)
+			return publish(m, 1, tinymq.WithMessageGroup("")), publish(m, 1)
+		}},
+		{"the codec fails for a durable queue", tinymq.ErrPayloadType, func(t *testing.T, m *tinymq.MQ) (func(string) error, func(string) error) {
+			declare(t, m, tinymq.Fanout, tinymq.WithDurable())
+			return publish(m, make(chan int)), publish(m, 1)
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := tinymq.New(quiet(), tinymq.WithDataDir(t.TempDir()), tinymq.WithMaxMessageSize(1024))
+			defer stopWithin(t, m)
+			bad, good := c.setup(t, m)
+			require.ErrorIs(t, bad("id"), c.want, "the failing publish")
+			before := m.Stats().Queues["q"].Accepted
+			require.NoError(t, good("id"))
+			st := m.Stats()
+			assert.Equal(t, before+1, st.Queues["q"].Accepted, "the publish after the failed one is routed")
+			assert.Zero(t, st.Exchanges["ev"].Duplicates)
+			require.NoError(t, good("id"))
+			assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates, "and the next one is a duplicate")
+		})
+	}
+}
+
+// A delayed message's ID is taken when the message is accepted, not when it
+// is due, and so is that of a message routed by the alternate exchange; the
+// window counts from the accept, even while the message is still delayed.
+func TestDeduplicationCoversDelayedMessagesAndAlternateRoutes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New(quiet())
+		require.NoError(t, m.DeclareExchange("alt", tinymq.Fanout))
+		require.NoError(t, m.DeclareQueue("altq", "alt", tinymq.Fanout))
+		require.NoError(t, m.DeclareExchange("ev", tinymq.Direct, tinymq.WithDeduplication(time.Minute), tinymq.WithAlternateExchange("alt")))
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Direct, tinymq.WithBindingKey("k")))
+		delayed := func() error {
+			return m.Publish("ev", 1, tinymq.WithRoutingKey("k"), tinymq.WithDelay(time.Hour), tinymq.WithDeduplicationID("d"))
+		}
+		require.NoError(t, delayed())
+		require.NoError(t, delayed())
+		for range 2 {
+			require.NoError(t, m.Publish("ev", 1, tinymq.WithRoutingKey("nobody"), tinymq.WithDeduplicationID("a")))
+		}
+		st := m.Stats()
+		assert.Equal(t, uint64(2), st.Exchanges["ev"].Published)
+		assert.Equal(t, uint64(2), st.Exchanges["ev"].Duplicates)
+		assert.Equal(t, 1, st.Queues["q"].Depth)
+		assert.Equal(t, 1, st.Queues["altq"].Depth)
+		time.Sleep(2 * time.Minute) // the window has passed; the first is still delayed
+		require.NoError(t, delayed())
+		assert.Equal(t, 2, m.Stats().Queues["q"].Depth, "routed again once the window passed")
+		m.Stop()
+	})
+}
+
+// The ID of a durable message survives its acknowledgement and the deletion
+// of the log segment that held the message: after a restart within the
+// window, a retry is still a duplicate.
+func TestDeduplicationIDOutlivesTheSegmentOfItsMessage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes a log segment of 64 MiB")
+	}
+	dir := t.TempDir()
+	open := func() *tinymq.MQ {
+		m := tinymq.New(tinymq.WithDataDir(dir), tinymq.WithSync(time.Millisecond), quiet())
+		require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 2,
+			tinymq.WithQueueName("dq"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		return m
+	}
+	segments := func() []string {
+		dd, err := tinymq.OpenDataDir(dir)
+		require.NoError(t, err)
+		defer dd.Close()
+		var names []string
+		for _, s := range dd.Segments() {
+			names = append(names, s.Name)
+		}
+		return names
+	}
+	m := open()
+	require.NoError(t, m.Publish("ev", "first", tinymq.WithDeduplicationID("d")))
+	first := segments()[0]
+	big := strings.Repeat("x", 256<<10)
+	for i := 0; segments()[0] == first; i++ {
+		require.Less(t, i, 40, "the first segment was never deleted")
+		for range 20 {
+			require.NoError(t, m.Publish("ev", big))
+		}
+		waitDrained(t, m, "dq")
+	}
+	stopWithin(t, m)
+	m = open()
+	require.NoError(t, m.Publish("ev", "again", tinymq.WithDeduplicationID("d")))
+	assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates, "the ID was forgotten with its message's segment")
+	stopWithin(t, m)
+}
+
+// A window of the largest Duration saturates rather than overflows: the ID
+// holds after a hundred years, and across a restart.
+func TestDeduplicationWindowOfMaxDurationNeverEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, _ := dedupMQ(t, math.MaxInt64)
+		require.NoError(t, m.Publish("ev", 1, tinymq.WithDeduplicationID("a")))
+		time.Sleep(100 * 365 * 24 * time.Hour)
+		require.NoError(t, m.Publish("ev", 1, tinymq.WithDeduplicationID("a")))
+		assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates)
+		m.Stop()
+	})
+	dir := t.TempDir()
+	var got recorder
+	for run := range 2 {
+		m := durableDedup(t, dir, math.MaxInt64, &got)
+		require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")))
+		assert.Equal(t, uint64(run), m.Stats().Exchanges["ev"].Duplicates, "run %d", run)
+		stopWithin(t, m)
+	}
+}
+
+// The window counts from the first accept across a restart too: it does
+// not start again when the next MQ reads the ID from the log. (Real time: a
+// durable MQ may not run in a synctest bubble, whose channels the log's
+// request pool would carry out of it.)
+func TestDeduplicationWindowCountsFromTheFirstAcceptAcrossARestart(t *testing.T) {
+	const window = 300 * time.Millisecond
+	dir := t.TempDir()
+	var got recorder
+	m := durableDedup(t, dir, window, &got)
+	require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")))
+	accepted := time.Now()
+	stopWithin(t, m)
+	<-time.After(time.Until(accepted.Add(window))) // the window passes while no MQ runs
+	m = durableDedup(t, dir, window, &got)         // reads the ID from the log
+	require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")))
+	assert.Zero(t, m.Stats().Exchanges["ev"].Duplicates, "the window of the first accept has passed")
+	assert.Equal(t, 2, m.Stats().Queues["dq"].Depth, "routed again")
+	stopWithin(t, m)
+}
+
+// The ID of a message whose durable queue was then purged, or deleted and
+// declared again, still holds within its window, before and after a restart.
+func TestDeduplicationIDOutlivesAPurgeOrDeleteOfItsDurableQueue(t *testing.T) {
+	for _, op := range []string{"purge", "delete"} {
+		t.Run(op, func(t *testing.T) {
+			dir := t.TempDir()
+			var got recorder
+			m := durableDedup(t, dir, time.Hour, &got)
+			require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")))
+			if op == "purge" {
+				_, err := m.PurgeQueue("dq")
+				require.NoError(t, err)
+			} else {
+				_, err := m.DeleteQueue("dq")
+				require.NoError(t, err)
+				require.NoError(t, m.DeclareQueue("dq", "ev", tinymq.Fanout, tinymq.WithDurable()))
+			}
+			require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")))
+			assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates, "before the restart")
+			stopWithin(t, m)
+			m = durableDedup(t, dir, time.Hour, &got)
+			require.NoError(t, m.Publish("ev", "d1", tinymq.WithDeduplicationID("a")))
+			assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates, "after the restart")
+			assert.Zero(t, m.Stats().Queues["dq"].Depth)
+			stopWithin(t, m)
+		})
+	}
+}
+
+// After a restart the exchange remembers at most 65536 IDs too: of 65537
+// durable IDs, the oldest is forgotten and the second oldest kept.
+func TestDeduplicationBoundHoldsAfterARestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("publishes 65,537 durable messages")
+	}
+	const bound = 1 << 16
+	dir := t.TempDir()
+	open := func() *tinymq.MQ {
+		m := tinymq.New(tinymq.WithDataDir(dir), tinymq.WithSync(5*time.Millisecond), quiet())
+		require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 2,
+			tinymq.WithQueueName("dq"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		return m
+	}
+	m := open()
+	require.NoError(t, m.Publish("ev", nil, tinymq.WithDeduplicationID("0")))
+	require.NoError(t, m.Publish("ev", nil, tinymq.WithDeduplicationID("1")))
+	var wg sync.WaitGroup
+	for p := range 16 {
+		wg.Go(func() {
+			for i := 2 + p; i <= bound; i += 16 {
+				if err := m.Publish("ev", nil, tinymq.WithDeduplicationID(strconv.Itoa(i))); err != nil {
+					t.Errorf("Publish: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	stopWithin(t, m)
+	m = open()
+	require.NoError(t, m.Publish("ev", nil, tinymq.WithDeduplicationID("1")))
+	assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates, "the second oldest is remembered")
+	require.NoError(t, m.Publish("ev", nil, tinymq.WithDeduplicationID("0")))
+	assert.Equal(t, uint64(1), m.Stats().Exchanges["ev"].Duplicates, "the oldest was forgotten past the bound")
+	stopWithin(t, m)
+}
+
+// A dead letter replayed to a deduplicating exchange is moved back, not
+// swallowed as a duplicate of its first publish: its consumer gets it.
+func TestDeduplicationLetsAReplayedDeadLetterThrough(t *testing.T) {
+	var fixed atomic.Bool
+	got := make(chan *tinymq.Msg, 1)
+	m := tinymq.New(quiet())
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+		if !fixed.Load() {
+			return tinymq.Permanent(errors.New("bug"))
+		}
+		got <- msg
+		return nil
+	}, 1, tinymq.WithQueueName("q"), tinymq.WithDeadLetter("dlx", "")))
+	require.NoError(t, m.DeclareQueue("dead", "dlx", tinymq.Fanout))
+	require.NoError(t, m.Start(context.Background()))
+	defer stopWithin(t, m)
+	require.NoError(t, m.Publish("ev", "job", tinymq.WithDeduplicationID("job-1")))
+	require.Eventually(t, func() bool { return m.Stats().Queues["dead"].Depth == 1 }, wait, time.Millisecond)
+	fixed.Store(true)
+	n, err := m.ReplayDeadLetters("dead", 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	assert.Equal(t, "job", recv(t, got, 1)[0].Data, "the replayed message was delivered")
+	assert.Zero(t, m.Stats().Exchanges["ev"].Duplicates)
+}
+
+// One message dead-lettered by two queues into a deduplicating dead-letter
+// exchange makes two dead letters: each queue's death is its own.
+func TestDeduplicationOfADeadLetterExchangeKeepsEachQueuesDeadLetter(t *testing.T) {
+	m := tinymq.New(quiet())
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+	require.NoError(t, m.DeclareExchange("dlx", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+	dead := deadLetters(t, m)
+	for _, q := range []string{"q1", "q2"} {
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			return tinymq.Permanent(errors.New("no"))
+		}, 1, tinymq.WithQueueName(q), tinymq.WithDeadLetter("dlx", "")))
+	}
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("ev", "job", tinymq.WithDeduplicationID("job-1")))
+	queues := map[string]int{}
+	for _, d := range recv(t, dead, 2) {
+		queues[d.Deaths[0].Queue]++
+	}
+	assert.Equal(t, map[string]int{"q1": 1, "q2": 1}, queues)
+	stopWithin(t, m)
+	assert.Zero(t, m.Stats().Exchanges["dlx"].Duplicates)
 }

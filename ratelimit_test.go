@@ -2,8 +2,10 @@ package tinymq_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -92,11 +94,14 @@ func TestRateLimitRefusesBadValues(t *testing.T) {
 	for _, tc := range []struct {
 		rate  float64
 		burst int
-	}{{0, 1}, {-1, 1}, {math.NaN(), 1}, {math.Inf(1), 1}, {1, 0}, {1, -1}} {
+	}{{0, 1}, {-1, 1}, {math.NaN(), 1}, {math.Inf(1), 1}, {1, 0}, {1, -1},
+		{math.Inf(-1), 1}, {-math.SmallestNonzeroFloat64, 1}, {math.Copysign(0, -1), 1}, {1, math.MinInt}, {math.NaN(), 0}} {
 		m := tinymq.New()
 		err := m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
 			tinymq.WithRateLimit(tc.rate, tc.burst))
 		assert.ErrorIs(t, err, tinymq.ErrInvalidOption, "WithRateLimit(%v, %d)", tc.rate, tc.burst)
+		err = m.DeclareQueue("q", "ev2", tinymq.Fanout, tinymq.WithRateLimit(tc.rate, tc.burst))
+		assert.ErrorIs(t, err, tinymq.ErrInvalidOption, "DeclareQueue WithRateLimit(%v, %d)", tc.rate, tc.burst)
 		m.Stop()
 	}
 }
@@ -326,5 +331,191 @@ func TestRateLimitTinyRateWaitsWithoutSpinning(t *testing.T) {
 		_, err := m.PurgeQueue("q")
 		require.NoError(t, err)
 		m.Stop()
+	})
+}
+
+// Valid extremes of rate and burst are taken: a rate too small to refill in
+// a second, or too large to count, and a burst of MaxInt. The full bucket's
+// burst is delivered at once, then the rate; Shutdown's deadline bounds what
+// the limit holds back.
+func TestRateLimitTakesExtremeValues(t *testing.T) {
+	for _, tc := range []struct {
+		rate  float64
+		burst int
+	}{
+		{math.SmallestNonzeroFloat64, 1}, {1e-300, 1}, {1e-9, 3}, {math.MaxFloat64, 1}, {1e300, 1}, {1e18, 1}, {1e9, 1},
+		{1, math.MaxInt}, {math.MaxFloat64, math.MaxInt}, {math.SmallestNonzeroFloat64, math.MaxInt},
+	} {
+		t.Run(fmt.Sprintf("%g/%d", tc.rate, tc.burst), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const n = 20
+				m, calls := rateQueue(t, tc.rate, tc.burst, 4)
+				for i := range n {
+					require.NoError(t, m.Publish("ev", i))
+				}
+				time.Sleep(time.Second)
+				synctest.Wait()
+				got := calls.Load()
+				want := int64(math.Min(n, math.Floor(float64(tc.burst)+tc.rate)))
+				assert.Equal(t, want, got, "after 1s: the burst and a second's rate, at most all")
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				err := m.Shutdown(ctx)
+				if got == n {
+					assert.NoError(t, err)
+				} else {
+					assert.ErrorIs(t, err, tinymq.ErrUndelivered, "%d held back", n-got)
+				}
+				m.Stop()
+				assertLedger(t, "q", m.Stats().Queues["q"])
+			})
+		})
+	}
+}
+
+// The bucket is the queue's, whatever its number of consumers and workers:
+// two subscriptions of four workers each get the burst at once, then one
+// delivery every 1/rate between them; another queue of the exchange is not
+// limited.
+func TestRateLimitIsOneBucketForAllTheQueuesConsumers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const rate, burst, n = 10, 3, 23
+		start := time.Now()
+		var mu sync.Mutex
+		var times []time.Duration
+		count := func(context.Context, *tinymq.Msg) error {
+			mu.Lock()
+			times = append(times, time.Since(start))
+			mu.Unlock()
+			return nil
+		}
+		delivered := func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(times)
+		}
+		m := tinymq.New(quiet())
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithRateLimit(rate, burst)))
+		for range 2 {
+			_, err := m.Consume("q", count, 4)
+			require.NoError(t, err)
+		}
+		var free atomic.Int64
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			free.Add(1)
+			return nil
+		}, 1, tinymq.WithQueueName("unlimited")))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range n {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		synctest.Wait()
+		assert.Equal(t, burst, delivered(), "the burst at once")
+		assert.Equal(t, int64(n), free.Load(), "the other queue is not limited")
+		for _, at := range []time.Duration{50, 100, 150, 999, 1000, 1500, 2000} {
+			time.Sleep(at*time.Millisecond - time.Since(start))
+			synctest.Wait()
+			want := min(burst+int(at/100), n)
+			assert.Equal(t, want, delivered(), "at %dms", at)
+		}
+		m.Stop()
+		assertLedger(t, "q", m.Stats().Queues["q"])
+	})
+}
+
+// Over a long run the limit never runs ahead: after t seconds at most
+// burst + rate*t deliveries began (and no fewer than one less), whatever the
+// rate's rounding.
+func TestRateLimitNeverRunsAheadOverALongRun(t *testing.T) {
+	for _, rate := range []float64{3, 7, 0.3, 333.3} {
+		t.Run(fmt.Sprint(rate), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				secs := 3000 / rate
+				m, calls := rateQueue(t, rate, 1, 2)
+				for i := range int(secs*rate) + 10 {
+					require.NoError(t, m.Publish("ev", i))
+				}
+				time.Sleep(time.Duration(secs * float64(time.Second)))
+				synctest.Wait()
+				most := int64(1 + math.Floor(rate*secs+1e-9))
+				got := calls.Load()
+				assert.LessOrEqual(t, got, most, "after %.1fs at %v/s", secs, rate)
+				assert.GreaterOrEqual(t, got, most-1, "after %.1fs at %v/s", secs, rate)
+				_ = m.Shutdown(canceledCtx())
+				m.Stop()
+				assertLedger(t, "q", m.Stats().Queues["q"])
+			})
+		})
+	}
+}
+
+// The messages that wait for a token wait in the queue as any others do:
+// Peek shows them, PurgeQueue and DeleteQueue remove and count them, and the
+// next message after a purge gets the next token.
+func TestRateLimitBacklogCanBePeekedPurgedAndDeleted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, calls := rateQueue(t, 1, 1, 3)
+		for i := range 5 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		synctest.Wait()
+		peeked, err := m.Peek("q", 10)
+		require.NoError(t, err)
+		assert.Len(t, peeked, 4, "what waits for a token")
+		n, err := m.PurgeQueue("q")
+		require.NoError(t, err)
+		assert.Equal(t, 4, n)
+		require.NoError(t, m.Publish("ev", 9))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		assert.Equal(t, int64(2), calls.Load(), "the next message got the token of 1s")
+		for i := range 3 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		synctest.Wait()
+		n, err = m.DeleteQueue("q")
+		require.NoError(t, err)
+		assert.Equal(t, 3, n, "the three that wait for the token of 2s")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		assert.Equal(t, int64(2), calls.Load())
+		m.Stop()
+		st := m.Stats()
+		assert.Equal(t, uint64(4), st.Deleted.Purged)
+		assert.Equal(t, uint64(3), st.Deleted.Removed)
+	})
+}
+
+// A delivery that timed out is retried at the next token, not at once:
+// a timeout does not give its token back.
+func TestRateLimitTimedOutRetryWaitsForAToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var times []time.Duration
+		m := tinymq.New(quiet())
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+			mu.Lock()
+			times = append(times, time.Since(start))
+			mu.Unlock()
+			if msg.Attempt == 1 {
+				<-release // ignores ctx
+			}
+			return nil
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithRateLimit(0.1, 1), tinymq.WithDeliveryTimeout(time.Second),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		time.Sleep(11 * time.Second)
+		synctest.Wait()
+		mu.Lock()
+		assert.Equal(t, []time.Duration{0, 10 * time.Second}, times, "the retry waited for the token of 10s")
+		mu.Unlock()
+		close(release)
+		m.Stop()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, uint64(1), st.Succeeded)
+		assertLedger(t, "q", st)
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -424,4 +425,273 @@ func TestDurableTypedQueueRefusesAnInterfaceJSONCannotDecode(t *testing.T) {
 	require.NoError(t, tinymq.RegisterDeliveryHandler(m, "ev", tinymq.Fanout, func(context.Context, tinymq.Delivery[error]) error { return nil }, 1,
 		tinymq.WithQueueName("in-memory")), "an in-memory queue holds the value itself")
 	m.Stop()
+}
+
+// Payloads of the typed-publish tables below.
+type (
+	tpA struct{ A int }
+	tpB struct{ A int }
+	// valStringer implements fmt.Stringer, and so does *valStringer.
+	valStringer struct{ S string }
+	// ptrStringer does not; *ptrStringer does.
+	ptrStringer struct{ S string }
+)
+
+func (v valStringer) String() string  { return v.S }
+func (p *ptrStringer) String() string { return p.S }
+
+// typedValue is a value published to a typed queue, and whether Publish
+// takes it.
+type typedValue struct {
+	name string
+	data any
+	ok   bool
+}
+
+// typedVerdicts publishes each value to a fanout exchange with a typed
+// queue of T (durable or not) and an untyped one. It checks that a refused
+// publish fails with ErrPayloadType and reaches neither queue, and that the
+// typed consumer got every accepted value, and returns which were accepted
+// and what the typed consumer got, by name.
+func typedVerdicts[T any](t *testing.T, values []typedValue, durable bool) (accepted map[string]bool, got map[string]any) {
+	t.Helper()
+	accepted, got = map[string]bool{}, map[string]any{}
+	var mu sync.Mutex
+	m := tinymq.New(quiet(), tinymq.WithDataDir(t.TempDir()))
+	opts := []tinymq.QueueOption{tinymq.WithQueueName("typed")}
+	if durable {
+		opts = append(opts, tinymq.WithDurable())
+	}
+	require.NoError(t, tinymq.RegisterDeliveryHandler(m, "ev", tinymq.Fanout, func(_ context.Context, d tinymq.Delivery[T]) error {
+		mu.Lock()
+		got[d.Headers["name"].(string)] = d.Data
+		mu.Unlock()
+		return nil
+	}, 1, opts...))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+		tinymq.WithQueueName("plain")))
+	require.NoError(t, m.Start(context.Background()))
+	for _, v := range values {
+		before := m.Stats()
+		err := m.Publish("ev", v.data, tinymq.WithHeaders(map[string]any{"name": v.name}))
+		accepted[v.name] = err == nil
+		if err != nil {
+			assert.ErrorIs(t, err, tinymq.ErrPayloadType, "%s", v.name)
+			after := m.Stats()
+			assert.Equal(t, before.Queues["plain"].Accepted, after.Queues["plain"].Accepted, "%s: refused, but the untyped queue got it", v.name)
+			assert.Equal(t, before.Exchanges["ev"].Published, after.Exchanges["ev"].Published, "%s", v.name)
+		}
+	}
+	stopWithin(t, m)
+	for _, v := range values {
+		if _, ok := got[v.name]; accepted[v.name] && !ok {
+			t.Errorf("durable %v: %s was accepted, and the typed consumer never got it", durable, v.name)
+		}
+	}
+	return accepted, got
+}
+
+// checkTypedVerdicts checks that in-memory and durable queues of T accept
+// what the table says, and deliver the same value.
+func checkTypedVerdicts[T any](t *testing.T, values []typedValue) {
+	t.Helper()
+	memAccepted, memGot := typedVerdicts[T](t, values, false)
+	durAccepted, durGot := typedVerdicts[T](t, values, true)
+	for _, v := range values {
+		assert.Equal(t, v.ok, memAccepted[v.name], "in memory: %s accepted", v.name)
+		assert.Equal(t, memAccepted[v.name], durAccepted[v.name], "%s: in memory and durable disagree", v.name)
+		if d, ok := durGot[v.name]; ok {
+			assert.Equal(t, memGot[v.name], d, "%s: delivered in memory and from the log", v.name)
+		}
+	}
+}
+
+// A typed queue takes what its consumer's type can be, and nothing else,
+// the same in memory and on a durable queue, and the consumer gets the same
+// value from either.
+func TestTypedPublishDeliversTheSameValueInMemoryAndDurable(t *testing.T) {
+	t.Run("struct", func(t *testing.T) {
+		checkTypedVerdicts[tpA](t, []typedValue{
+			{"T", tpA{1}, true}, {"*T", &tpA{1}, false}, {"another struct", tpB{1}, false},
+			{"map", map[string]any{"A": 1}, false}, {"nil", nil, false}, {"string", "x", false},
+			{"Encoded", tinymq.Encoded{Body: []byte(`{"A":1}`)}, true}, {"json.RawMessage", json.RawMessage(`{"A":1}`), false},
+		})
+	})
+	t.Run("pointer", func(t *testing.T) {
+		checkTypedVerdicts[*tpA](t, []typedValue{
+			{"*T", &tpA{1}, true}, {"typed nil", (*tpA)(nil), true}, {"T", tpA{1}, false}, {"nil", nil, false},
+			{"*another", &tpB{1}, false}, {"Encoded", tinymq.Encoded{Body: []byte(`{"A":2}`)}, true},
+		})
+	})
+	t.Run("int", func(t *testing.T) {
+		checkTypedVerdicts[int](t, []typedValue{
+			{"int", 1, true}, {"int64", int64(1), false}, {"float64", 1.0, false}, {"nil", nil, false},
+			{"uint", uint(1), false}, {"MaxInt", math.MaxInt, true},
+		})
+	})
+	t.Run("float64", func(t *testing.T) {
+		checkTypedVerdicts[float64](t, []typedValue{{"float64", 1.5, true}, {"int", 1, false}})
+	})
+	t.Run("string", func(t *testing.T) {
+		checkTypedVerdicts[string](t, []typedValue{{"string", "x", true}, {"[]byte", []byte("x"), false}})
+	})
+	t.Run("[]byte", func(t *testing.T) {
+		checkTypedVerdicts[[]byte](t, []typedValue{
+			{"[]byte", []byte("x"), true}, {"nil []byte", []byte(nil), true}, {"empty", []byte{}, true},
+			{"string", "x", false}, {"json.RawMessage", json.RawMessage(`1`), false}, {"nil", nil, false},
+		})
+	})
+	t.Run("json.RawMessage", func(t *testing.T) {
+		checkTypedVerdicts[json.RawMessage](t, []typedValue{
+			{"json.RawMessage", json.RawMessage(`{"a":1}`), true}, {"[]byte", []byte(`{"a":1}`), false}, {"nil", nil, false},
+		})
+	})
+}
+
+// An in-memory queue of an interface type takes what implements it, by the
+// Go method sets (a value whose methods have pointer receivers does not),
+// and nil. (A durable queue refuses such a consumer:
+// TestDurableTypedQueueRefusesAnInterfaceJSONCannotDecode.)
+func TestTypedPublishOfAnInterfaceFollowsItsMethodSet(t *testing.T) {
+	check := func(t *testing.T, accepted map[string]bool, values []typedValue) {
+		for _, v := range values {
+			assert.Equal(t, v.ok, accepted[v.name], "%s accepted", v.name)
+		}
+	}
+	t.Run("fmt.Stringer", func(t *testing.T) {
+		values := []typedValue{
+			{"value receiver", valStringer{"v"}, true}, {"pointer to a value receiver", &valStringer{"v"}, true},
+			{"pointer receiver", ptrStringer{"p"}, false}, {"pointer to a pointer receiver", &ptrStringer{"p"}, true},
+			{"nil", nil, true}, {"int", 1, false},
+		}
+		accepted, _ := typedVerdicts[fmt.Stringer](t, values, false)
+		check(t, accepted, values)
+	})
+	t.Run("error", func(t *testing.T) {
+		values := []typedValue{{"error", errors.New("e"), true}, {"nil", nil, true}, {"string", "e", false}}
+		accepted, _ := typedVerdicts[error](t, values, false)
+		check(t, accepted, values)
+	})
+}
+
+// A typed consumer of any takes everything: in memory it gets the published
+// value, and on a durable queue an Encoded of it, as a ConsumerFunc does
+// (the codec's bytes do not say what type was published).
+func TestTypedPublishOfAnyDeliversEncodedOnADurableQueue(t *testing.T) {
+	values := []typedValue{{"int", 1, true}, {"nil", nil, true}, {"struct", tpA{1}, true}, {"[]byte", []byte("x"), true}}
+	memAccepted, memGot := typedVerdicts[any](t, values, false)
+	durAccepted, durGot := typedVerdicts[any](t, values, true)
+	for _, v := range values {
+		assert.True(t, memAccepted[v.name], "in memory: %s", v.name)
+		assert.True(t, durAccepted[v.name], "durable: %s", v.name)
+		assert.Equal(t, v.data, memGot[v.name], "in memory: %s is the published value", v.name)
+		e, ok := durGot[v.name].(tinymq.Encoded)
+		if !assert.True(t, ok, "durable: %s is a %T, not an Encoded", v.name, durGot[v.name]) {
+			continue
+		}
+		want, err := json.Marshal(v.data)
+		require.NoError(t, err)
+		assert.JSONEq(t, string(want), string(e.Body), "durable: %s", v.name)
+	}
+}
+
+// A durable typed queue's data goes through the codec, and what JSON changes
+// changes there: an invalid UTF-8 string arrives with U+FFFD in place of its
+// bad bytes, and a NaN or an infinity is refused at Publish (it has no JSON);
+// in memory both arrive as published.
+func TestTypedPublishOnADurableQueueChangesWhatJSONChanges(t *testing.T) {
+	t.Run("invalid UTF-8", func(t *testing.T) {
+		values := []typedValue{{"invalid UTF-8", "\xff\xfe", true}}
+		_, memGot := typedVerdicts[string](t, values, false)
+		_, durGot := typedVerdicts[string](t, values, true)
+		assert.Equal(t, "\xff\xfe", memGot["invalid UTF-8"], "in memory")
+		assert.Equal(t, "\ufffd\ufffd", durGot["invalid UTF-8"], "from the log")
+	})
+	t.Run("NaN and infinities", func(t *testing.T) {
+		values := []typedValue{{"NaN", math.NaN(), true}, {"+Inf", math.Inf(1), true}, {"-Inf", math.Inf(-1), true}}
+		memAccepted, memGot := typedVerdicts[float64](t, values, false)
+		durAccepted, _ := typedVerdicts[float64](t, values, true)
+		for _, v := range values {
+			assert.True(t, memAccepted[v.name], "in memory: %s", v.name)
+			assert.False(t, durAccepted[v.name], "durable: %s is refused at Publish", v.name)
+		}
+		assert.True(t, math.IsNaN(memGot["NaN"].(float64)))
+		assert.Equal(t, math.Inf(1), memGot["+Inf"])
+	})
+}
+
+// An exchange that routes to typed queues of two types takes only what both
+// can take: an Encoded, which each decodes into its own type.
+func TestTypedPublishToQueuesOfTwoTypesTakesOnlyEncoded(t *testing.T) {
+	m := tinymq.New(quiet())
+	gotA, gotB := make(chan tpA, 1), make(chan tpB, 1)
+	require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, v tpA) error { gotA <- v; return nil }, 1,
+		tinymq.WithQueueName("a")))
+	require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, v tpB) error { gotB <- v; return nil }, 1,
+		tinymq.WithQueueName("b")))
+	for _, v := range []any{tpA{}, tpB{}, nil, 1} {
+		assert.ErrorIs(t, m.Publish("ev", v), tinymq.ErrPayloadType, "%#v", v)
+	}
+	require.NoError(t, m.Publish("ev", tinymq.Encoded{Body: []byte(`{"A":1}`)}))
+	require.NoError(t, m.Start(context.Background()))
+	assert.Equal(t, tpA{1}, recv(t, gotA, 1)[0])
+	assert.Equal(t, tpB{1}, recv(t, gotB, 1)[0])
+	stopWithin(t, m)
+	for _, q := range []string{"a", "b"} {
+		st := m.Stats().Queues[q]
+		assert.Equal(t, uint64(1), st.Accepted, q)
+		assertLedger(t, q, st)
+	}
+}
+
+// A durable queue restarted with a typed consumer of another type than the
+// one its backlog was published for takes the backlog (a new MQ's queue has
+// no type before it) and fails each of those messages permanently with
+// ErrPayloadType, rather than decoding it into the wrong type.
+func TestTypedDurableBacklogOfAnotherTypeFailsAfterARestart(t *testing.T) {
+	dir := t.TempDir()
+	declare := func(m *tinymq.MQ) {
+		t.Helper()
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithDurable(), tinymq.WithDeadLetter("dlx", ""),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})))
+	}
+	m := tinymq.New(quiet(), tinymq.WithDataDir(dir))
+	declare(m)
+	_, err := tinymq.ConsumeHandler(m, "q", func(context.Context, tpA) error { return nil }, 1)
+	require.NoError(t, err)
+	require.NoError(t, m.Publish("ev", tpA{1}))
+	stopWithin(t, m) // never started: the message stays in the log
+
+	m = tinymq.New(quiet(), tinymq.WithDataDir(dir))
+	dead := deadLetters(t, m)
+	declare(m)
+	got := make(chan string, 1)
+	_, err = tinymq.ConsumeHandler(m, "q", func(_ context.Context, s string) error { got <- s; return nil }, 1)
+	require.NoError(t, err)
+	require.NoError(t, m.Start(context.Background()))
+	d := recv(t, dead, 1)[0]
+	assert.Contains(t, d.Deaths[0].LastError, tinymq.ErrPayloadType.Error())
+	assert.Equal(t, 1, d.Deaths[0].Attempts, "failed permanently, not retried")
+	stopWithin(t, m)
+	assert.Empty(t, got, "a tpA was decoded into a string")
+	st := m.Stats().Queues["q"]
+	assert.Zero(t, st.Succeeded)
+	assert.Equal(t, uint64(1), st.DeadLettered)
+	assertLedger(t, "q", st)
+}
+
+// In memory a typed consumer of a pointer type gets the pointer that was
+// published, not a copy of what it points to.
+func TestTypedConsumerGetsThePublishedPointerInMemory(t *testing.T) {
+	p := &tpA{1}
+	got := make(chan *tpA, 1)
+	m := tinymq.New(quiet())
+	require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, v *tpA) error {
+		got <- v
+		return nil
+	}, 1, tinymq.WithQueueName("q")))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("ev", p))
+	assert.Same(t, p, recv(t, got, 1)[0])
+	stopWithin(t, m)
 }
