@@ -145,3 +145,25 @@ func (q *queue) backlogLocked(out []entry, n int) []entry {
 	}
 	return out
 }
+
+// evictBacklogLocked takes, for DropHead, the oldest message of the groups'
+// backlogs: the first waiting of the group that got its state first (the
+// groups' order is an approximation of publish order across groups). It is
+// counted as begun, as popLocked counts what it takes. It reports false when
+// no message waits behind its group. q.mu is held.
+func (q *queue) evictBacklogLocked() (entry, bool) {
+	if q.grouped == 0 {
+		return entry{}, false
+	}
+	var oldest *groupState
+	for _, st := range q.groups {
+		if st.waiting.n > 0 && (oldest == nil || st.seq < oldest.seq) {
+			oldest = st
+		}
+	}
+	var one [1]entry
+	e := oldest.waiting.pop(one[:0], 1)[0]
+	q.grouped--
+	q.begun.Add(1)
+	return e, true
+}

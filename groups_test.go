@@ -931,8 +931,6 @@ func TestGroupOrderingDropHeadEvictsWithoutStickingTheGroup(t *testing.T) {
 // queue waits behind its group's earlier one (in a consumer, or backing
 // off), one message too many evicts the oldest of them, not the newcomer.
 func TestGroupOrderingDropHeadEvictsTheOldestReadyMessage(t *testing.T) {
-	t.Skip("library bug: with every ready message held back behind its group (none at the front), " +
-		"DropHead turns the newcomer away (queue.go enqueueLocked) instead of evicting the oldest ready message")
 	for _, held := range []string{"in a consumer", "backing off"} {
 		t.Run(held, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

@@ -331,6 +331,9 @@ func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) 
 		if q.buf.n > 0 {
 			h := q.popLocked()
 			evicted = h.msg(q.name)
+		} else if h, ok := q.evictBacklogLocked(); ok {
+			// Every ready message waits behind its group: the oldest of them goes.
+			evicted = h.msg(q.name)
 		} else {
 			// Every message waits in the scheduler: the newcomer is the one to go.
 			q.accepted++
