@@ -527,6 +527,10 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 	}
 	m.init()
 	if m.engine != nil {
+		// The engine's shutdown first: a RegisterQueue or a Bind may hold
+		// the write lock while the engine waits for the broker, and the
+		// engine's shutdown ends that wait (and refuses what comes after it).
+		err := m.engine.Shutdown(ctx)
 		m.stopOnce.Do(func() {
 			m.mu.Lock()
 			m.state = stateStopping
@@ -535,7 +539,7 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 				m.stopAfter()
 			}
 		})
-		return m.engine.Shutdown(ctx)
+		return err
 	}
 	m.stopOnce.Do(m.beginStop)
 	if m.stoppedNew && m.loggedNew.CompareAndSwap(false, true) {
