@@ -89,12 +89,13 @@ func (m *MQ) logHeld(level slog.Level, msg string, attrs ...slog.Attr) {
 	m.held = append(m.held, heldLog{level: level, msg: msg, attrs: attrs})
 }
 
-// unlock releases the write lock, then logs what logHeld held and
-// dead-letters what restore evicted (a dead letter is a publish: it needs
-// the read lock).
+// unlock increases the topology's version (see TopologyVersion), releases
+// the write lock, then logs what logHeld held and dead-letters what restore
+// evicted (a dead letter is a publish: it needs the read lock).
 func (m *MQ) unlock() {
 	held, evicted := m.held, m.evicted
 	m.held, m.evicted = nil, nil
+	m.topologyClock().Add(1)
 	m.mu.Unlock()
 	for _, l := range held {
 		m.logAttrs(l.level, l.msg, func(a []slog.Attr) []slog.Attr { return append(a, l.attrs...) })

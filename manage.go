@@ -551,6 +551,7 @@ func (m *MQ) setPaused(name string, paused bool) error {
 	changed := q.paused != paused
 	q.paused = paused
 	if changed {
+		m.topologyClock().Add(1) // QueueInfo.Paused
 		if paused {
 			q.giveBackLocked(q.workers)
 		}

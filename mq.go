@@ -129,8 +129,9 @@ type MQ struct {
 	cancel        context.CancelFunc
 	stopAfter     func() bool // unregisters the stop on Start's ctx
 
-	held    []heldLog  // lines logged under the write lock, for unlock to log
-	evicted []eviction // messages restore evicted under the write lock, for unlock to dead-letter
+	held            []heldLog     // lines logged under the write lock, for unlock to log
+	evicted         []eviction    // messages restore evicted under the write lock, for unlock to dead-letter
+	topologyVersion atomic.Uint64 // see TopologyVersion: increased by unlock, under the write lock
 
 	sched      *scheduler
 	wg         sync.WaitGroup // every worker, and the scheduler

@@ -151,28 +151,18 @@ func (m *MQ) Stats() Stats {
 		Queues:    make(map[string]QueueStats, len(m.order)),
 	}
 	for name, ex := range m.exchanges {
-		s.Exchanges[name] = ExchangeStats{Kind: ex.kind, Published: ex.seq.Load() - ex.base - ex.refused.Load(), Unroutable: ex.unroutable.Load(),
-			Duplicates: ex.duplicates.Load()}
+		s.Exchanges[name] = exchangeStats(ex)
 	}
+	stored, unregistered := m.durableQueuesLocked()
 	for _, q := range m.order {
-		s.Queues[q.name] = q.stats()
+		qs := q.stats()
+		qs.Stored = stored[q.name]
+		s.Queues[q.name] = qs
 	}
 	s.Deleted = m.deletedStats(false)
 	s.DeletedQueues, s.ExpiredQueues = m.deletedQueues, m.expiredQueues
-	if m.dur != nil {
-		for name, n := range m.dur.unregistered() {
-			if qs, ok := s.Queues[name]; ok {
-				qs.Stored = n
-				s.Queues[name] = qs
-			} else {
-				s.Queues[name] = QueueStats{Depth: n, Ready: n, Durable: true, Unregistered: true}
-			}
-		}
-		for _, name := range m.dur.declaredQueues() { // declared, with no message in the log
-			if _, ok := s.Queues[name]; !ok {
-				s.Queues[name] = QueueStats{Durable: true, Unregistered: true}
-			}
-		}
+	for _, u := range unregistered {
+		s.Queues[u.name] = u.stats
 	}
 	return s
 }

@@ -210,6 +210,7 @@ func (q *queue) removeSub(s *Subscription) bool {
 		return false
 	}
 	q.cancelLocked(s)
+	q.mq.topologyClock().Add(1) // QueueInfo.Consumers and Concurrency
 	if len(q.subs) == 0 {
 		q.usedAt = time.Now().UnixNano()
 	}

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -91,7 +92,7 @@ func queueInfo(name string, concurrency int, cfg queueConfig) QueueInfo {
 func (m *MQ) Topology() Topology {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	var t Topology
+	t := Topology{Exchanges: make([]ExchangeInfo, 0, len(m.exchanges)), Queues: make([]QueueInfo, 0, len(m.order))}
 	for _, ex := range m.exchanges {
 		t.Exchanges = append(t.Exchanges, ExchangeInfo{ExchangeSpec: ExchangeSpec{Name: ex.name, Kind: ex.kind, Alternate: ex.cfg.alternate},
 			Bindings: slices.Clone(ex.bindings), DeduplicationWindow: ex.cfg.dedup})
@@ -108,6 +109,28 @@ func (m *MQ) Topology() Topology {
 		t.Queues = append(t.Queues, qi)
 	}
 	return t
+}
+
+// TopologyVersion returns a number that changes whenever what
+// [MQ.Topology] returns may have changed, so that a caller that keeps a
+// Topology (a metrics exporter, an admin page) reads another only when the
+// number moved. Every call that takes the MQ's write lock increases it
+// before it returns, one that changed nothing included: declaring,
+// binding, unbinding and deleting exchanges and queues (a queue's expiry
+// too), Consume, Start and the restore of a data directory; so do a
+// [Subscription.Cancel] and a [MQ.PauseQueue] or ResumeQueue that changed
+// the queue (QueueInfo's Consumers, Concurrency and Paused). It never blocks, allocates nothing and
+// works in every state; it starts at 0 for a new MQ.
+func (m *MQ) TopologyVersion() uint64 {
+	return m.topologyClock().Load()
+}
+
+// topologyClock is the counter of TopologyVersion; unlock increases it
+// while it still holds the write lock, so that once a change returned, a
+// TopologyVersion read after it sees the new number, and a Topology read
+// after that sees the change.
+func (m *MQ) topologyClock() *atomic.Uint64 {
+	return &m.topologyVersion
 }
 
 // DeadLetter records one message that died in a queue: dead-lettered, or

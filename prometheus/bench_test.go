@@ -3,10 +3,14 @@ package tinymqprom_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tinymq/tinymq"
 	tinymqprom "github.com/tinymq/tinymq/prometheus"
@@ -122,15 +126,87 @@ func BenchmarkPublishWhileScraping(b *testing.B) {
 	}
 }
 
+// scrapeGet GETs url with the Accept-Encoding encoding ("" for none) and
+// reads the body, as sent, to its end; it returns the body's length.
+func scrapeGet(b *testing.B, client *http.Client, url, encoding string) int64 {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if encoding != "" {
+		req.Header.Set("Accept-Encoding", encoding)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := resp.Body.Close(); err != nil {
+		b.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("status %d", resp.StatusCode)
+	}
+	return n
+}
+
+// benchHTTP runs the HTTP scrapes of h: plain, gzipped, plain when every
+// queue had a call since the last scrape, and plain when TopologyVersion
+// moved since the last scrape (the calls and the move not timed).
+// body-bytes is the size of the response as sent.
+func benchHTTP(b *testing.B, route string, h http.Handler, mq *tinymq.MQ, n int) {
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	for _, bc := range []struct {
+		name, encoding   string
+		moving, topology bool
+	}{{"", "", false, false}, {"/gzip", "gzip", false, false}, {"/moving", "", true, false}, {"/topology", "", false, true}} {
+		b.Run("http/"+route+bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var body int64
+			for b.Loop() {
+				if bc.moving {
+					b.StopTimer()
+					publishAll(b, mq, n)
+					b.StartTimer()
+				}
+				if bc.topology {
+					b.StopTimer()
+					if err := mq.DeclareExchange("ex0", tinymq.Fanout); err != nil { // changes nothing, moves the version
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+				body = scrapeGet(b, client, srv.URL, bc.encoding)
+			}
+			b.ReportMetric(float64(body), "body-bytes")
+		})
+	}
+}
+
 // BenchmarkScrape measures a scrape of an MQ of 100 and of 10,000 queues
 // (each bound to an exchange of its own, its consumer called once):
 //
-//   - gather: Registry.Gather, what a scrape costs, client library included;
-//   - gather/moving: the same when every queue had a call since the last
-//     scrape (the publishes and calls are not timed), the worst case;
+//   - http/registry: an HTTP GET over loopback of promhttp.HandlerFor the
+//     registry that holds the Collector, what Prometheus's scrape costs the
+//     process, client side included (/gzip: gzipped, as Prometheus asks by
+//     default; /moving: every queue had a call since the last scrape, the
+//     publishes and calls not timed; /topology: TopologyVersion moved since
+//     the last scrape, so that the Collector reads Topology again);
+//   - http/handler: the same of Collector.Handler;
+//   - handler: Collector.Handler's ServeHTTP alone, into a writer that
+//     discards;
+//   - gather: Registry.Gather, the registry route without encoding and
+//     HTTP; gather/moving as above;
 //   - collect: the Collector's own part, Collect into a drained channel
-//     (the MQ's Stats and Topology included);
-//   - stats and topology: those two calls of the core alone.
+//     (the MQ's read included);
+//   - walk, stats and topology: MQ.WalkStats, MQ.Stats and MQ.Topology
+//     alone.
 //
 // series reports how many metrics the Collector sends.
 func BenchmarkScrape(b *testing.B) {
@@ -142,6 +218,8 @@ func BenchmarkScrape(b *testing.B) {
 			if _, err := reg.Gather(); err != nil { // the Collector's first scrape fills its caches
 				b.Fatal(err)
 			}
+			benchHTTP(b, "registry", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), mq, n)
+			benchHandler(b, c, mq, n)
 			b.Run("gather", func(b *testing.B) {
 				b.ReportAllocs()
 				for b.Loop() {
@@ -177,6 +255,12 @@ func BenchmarkScrape(b *testing.B) {
 				}
 				close(ch)
 				b.ReportMetric(float64(<-series)/float64(b.N), "series")
+			})
+			b.Run("walk", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					benchWalk(mq)
+				}
 			})
 			b.Run("stats", func(b *testing.B) {
 				b.ReportAllocs()
@@ -229,4 +313,28 @@ func BenchmarkMiddleware(b *testing.B) {
 			})
 		})
 	}
+}
+
+// benchHandler runs the scrapes of the Collector's handler: over HTTP, and
+// its ServeHTTP alone.
+func benchHandler(b *testing.B, c *tinymqprom.Collector, mq *tinymq.MQ, n int) {
+	h := c.Handler()
+	h.ServeHTTP(&discardWriter{header: http.Header{}}, httptest.NewRequest(http.MethodGet, "/", nil)) // its first scrape makes its labels
+	benchHTTP(b, "handler", h, mq, n)
+	b.Run("handler", func(b *testing.B) {
+		w := &discardWriter{header: http.Header{}}
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		b.ReportAllocs()
+		for b.Loop() {
+			clear(w.header)
+			h.ServeHTTP(w, r)
+		}
+	})
+}
+
+// benchWalk reads every exchange's and queue's stats, as a scrape does.
+func benchWalk(mq *tinymq.MQ) {
+	var sum uint64
+	mq.WalkStats(func(_ string, es *tinymq.ExchangeStats) bool { sum += es.Published; return true },
+		func(_ string, qs *tinymq.QueueStats) bool { sum += qs.Accepted; return true })
 }

@@ -1,7 +1,7 @@
 package tinymqprom
 
 import (
-	"cmp"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"math"
@@ -28,28 +28,25 @@ var DefaultBuckets = []float64{.0001, .0005, .001, .005, .01, .025, .05, .1, .25
 // tinymq_queue_calls_stuck counts it, when [WithStuckAfter] is not given.
 const DefaultStuckAfter = time.Minute
 
-// Collector is a [prometheus.Collector] over one MQ's [tinymq.MQ.Stats] and
-// [tinymq.MQ.Topology], plus what the consumer calls it observes tell:
-// their durations and those running too long. [Instrument] makes one and
-// registers it; [NewCollector] makes one over an MQ made elsewhere. It is
-// safe for concurrent use, and keeps working after the MQ stops: the
+// Collector is a [prometheus.Collector] over one MQ's stats
+// ([tinymq.MQ.WalkStats]) and bindings ([tinymq.MQ.Topology]), plus what the
+// consumer calls it observes tell: their durations and those running too
+// long. [Instrument] makes one and registers it; [NewCollector] makes one
+// over an MQ made elsewhere; [Collector.Handler] serves one without a
+// registry, for an MQ of many queues ([InstrumentHandler] makes that one).
+// It is safe for concurrent use, and keeps working after the MQ stops: the
 // counters then stay as they were.
 //
-// Concurrency: the package starts no goroutine. Collect runs on the
-// registry's goroutine and holds mu for the whole scrape (so two scrapes take
-// turns), taking the MQ's locks inside Stats and Topology and obsMu inside
-// it; lock order mu, then the MQ's, or mu, then obsMu. A consumer call (the
-// middleware, Collector.Instrument) takes obsMu only, to find its queue's
-// observers: on a consumer's first call, after a sweep forgot them, or when
-// a wrapper shared by several queues changes queue; otherwise it takes no
-// lock, and it never holds one while the consumer runs.
+// Concurrency: the package starts no goroutine. A scrape, Collect on the
+// registry's goroutine or [Collector.Handler] on the server's, holds mu for
+// the whole scrape (so two scrapes take turns), taking the MQ's locks inside
+// WalkStats, TopologyVersion and Topology and obsMu inside it; lock order
+// mu, then the MQ's, or mu, then obsMu. A consumer call (the middleware,
+// Collector.Instrument) takes obsMu only, to find its queue's observers: on
+// a consumer's first call, after a sweep forgot them, or when a wrapper
+// shared by several queues changes queue; otherwise it takes no lock, and it
+// never holds one while the consumer runs.
 type Collector struct {
-	// stats and topology read the MQ; nil until the Collector is bound to
-	// one (NewCollector, or Instrument's setup). A test replaces stats to
-	// make Collect panic.
-	stats    func() tinymq.Stats
-	topology func() tinymq.Topology
-
 	// instrumented says that the Instrument middleware sees every consumer
 	// call, so that every queue has a histogram and a stuck gauge, at 0
 	// before its first call.
@@ -69,18 +66,26 @@ type Collector struct {
 	deletedMsgs   *prometheus.Desc
 	collectErrors *prometheus.Desc
 
-	// errs counts the panics Collect recovered.
+	// text is what the handler writes of the labels (see exposition.go).
+	text textLabels
+
+	// errs counts the panics a scrape recovered.
 	errs atomic.Uint64
 	// gen numbers the scrapes; observers created read it (see queueObs).
 	gen atomic.Uint64
 
-	mu              sync.Mutex // the scrape's: guards what follows, and queueObs' scrape fields
-	queues          map[string]*queueSeries
-	sortedQueues    []*queueSeries // by label, so that the registry's sort has little to do
-	exchanges       map[string]*exchangeSeries
-	sortedExchanges []*exchangeSeries
-	bindings        map[[2]string]*bindingSeries
-	scratch         []uint64 // bucket counts being read
+	mu sync.Mutex // the scrape's: guards what follows, and queueObs' scrape fields
+	// mq is the MQ read: nil until the Collector is bound to one
+	// (NewCollector, or Instrument's setup).
+	mq *tinymq.MQ
+	// readHook, set by a test, runs as a scrape starts reading the MQ (with
+	// "") and for each queue it reads (with its name), to make the read
+	// panic.
+	readHook func(queue string)
+	snapshot              // what the last scrape read
+	scratch  []uint64     // bucket counts being read
+	exp      expWriter    // the handler's text on its way out
+	gz       *gzip.Writer // the handler's, kept for the next scrape
 
 	obsMu sync.Mutex
 	obs   map[string]*queueObs // queue name -> its observers, made by the first call
@@ -145,6 +150,25 @@ var queueGauges = [...]struct {
 		return 0
 	}},
 }
+
+// metricDoc is the name and help of a metric family.
+type metricDoc struct{ name, help string }
+
+// The families other than the counters and gauges of the stats.
+var (
+	stuckFamily = metricDoc{"tinymq_queue_calls_stuck",
+		"Consumer calls of the queue that had run for longer than WithStuckAfter (default 1m) at the scrape, abandoned ones included."}
+	histFamily = metricDoc{"tinymq_queue_consumer_duration_seconds",
+		"Time the queue's consumer took per call, retries included: every call when the MQ was made with Instrument, else those of consumers wrapped by Collector.Instrument."}
+	bindingFamily = metricDoc{"tinymq_queue_binding_info",
+		"1 for each exchange the queue is bound to: join on queue to label a queue's metrics with its exchanges."}
+	deletedQueuesFamily = metricDoc{"tinymq_queues_deleted_total",
+		"Queues deleted, by DeleteQueue (reason deleted) or by their WithQueueExpiry (reason expired)."}
+	deletedMsgsFamily = metricDoc{"tinymq_deleted_queues_messages_removed_total",
+		"Messages that the deletes of their queues removed: waiting ones, and those whose delivery failed after the delete."}
+	errorsFamily = metricDoc{"tinymq_collector_errors_total",
+		"Panics the Collector recovered while collecting, each ending the MQ's part of a scrape; the rest of each scrape was served."}
+)
 
 // Option configures a [Collector] in [Instrument] and [NewCollector].
 type Option interface {
@@ -212,7 +236,7 @@ func NewCollector(mq *tinymq.MQ, opts ...Option) (*Collector, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.stats, c.topology = mq.Stats, mq.Topology
+	c.mq = mq
 	return c, nil
 }
 
@@ -255,27 +279,28 @@ func newCollector(opts []Option) (*Collector, error) {
 		return prometheus.NewDesc(name, help, labels, cl)
 	}
 	c := &Collector{
-		epoch:      time.Now(),
-		stuckAfter: int64(cfg.stuckAfter),
-		upper:      slices.Clone(cfg.buckets),
-		bounds:     make([]int64, len(cfg.buckets)),
-		stuck: desc("tinymq_queue_calls_stuck",
-			"Consumer calls of the queue that had run for longer than WithStuckAfter (default 1m) at the scrape, abandoned ones included.", "queue"),
-		hist: desc("tinymq_queue_consumer_duration_seconds",
-			"Time the queue's consumer took per call, retries included: every call when the MQ was made with Instrument, else those of consumers wrapped by Collector.Instrument.", "queue"),
-		binding:       desc("tinymq_queue_binding_info", "1 for each exchange the queue is bound to: join on queue to label a queue's metrics with its exchanges.", "exchange", "queue"),
-		deletedQueues: desc("tinymq_queues_deleted_total", "Queues deleted, by DeleteQueue (reason deleted) or by their WithQueueExpiry (reason expired).", "reason"),
-		deletedMsgs:   desc("tinymq_deleted_queues_messages_removed_total", "Messages that the deletes of their queues removed: waiting ones, and those whose delivery failed after the delete."),
-		collectErrors: desc("tinymq_collector_errors_total", "Panics the Collector recovered while collecting, each ending the MQ's part of a scrape; the rest of each scrape was served."),
-		queues:        make(map[string]*queueSeries),
-		exchanges:     make(map[string]*exchangeSeries),
-		bindings:      make(map[[2]string]*bindingSeries),
-		scratch:       make([]uint64, len(cfg.buckets)+1),
-		obs:           make(map[string]*queueObs),
+		epoch:         time.Now(),
+		stuckAfter:    int64(cfg.stuckAfter),
+		upper:         slices.Clone(cfg.buckets),
+		bounds:        make([]int64, len(cfg.buckets)),
+		stuck:         desc(stuckFamily.name, stuckFamily.help, "queue"),
+		hist:          desc(histFamily.name, histFamily.help, "queue"),
+		binding:       desc(bindingFamily.name, bindingFamily.help, "exchange", "queue"),
+		deletedQueues: desc(deletedQueuesFamily.name, deletedQueuesFamily.help, "reason"),
+		deletedMsgs:   desc(deletedMsgsFamily.name, deletedMsgsFamily.help),
+		collectErrors: desc(errorsFamily.name, errorsFamily.help),
+		snapshot: snapshot{
+			queues:    make(map[string]*queueSeries),
+			exchanges: make(map[string]*exchangeSeries),
+			bindings:  make(map[[2]string]*bindingSeries),
+		},
+		scratch: make([]uint64, len(cfg.buckets)+1),
+		obs:     make(map[string]*queueObs),
 	}
 	for i, b := range cfg.buckets {
 		c.bounds[i] = durationBound(b)
 	}
+	c.text = newTextLabels(cl, c.upper)
 	for i, e := range exchangeCounters {
 		c.exchangeDescs[i] = desc("tinymq_exchange_"+e.name+"_total", e.help, "exchange")
 	}
@@ -336,141 +361,53 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.collectErrors
 }
 
-// Collect takes one [tinymq.MQ.Stats] snapshot and one [tinymq.MQ.Topology]
-// and sends their metrics, then tinymq_collector_errors_total. It implements
-// [prometheus.Collector]. It holds no lock of the MQ while sending, and Stats
-// takes each queue's lock only briefly, so a scrape neither waits for
-// consumers nor stalls publishers. The numbers of different queues are not
-// taken at one instant (see Stats). After the MQ stops it reports the final
-// counters. Two Collects of one Collector take turns.
+// Collect reads the MQ once ([tinymq.MQ.WalkStats], and [tinymq.MQ.Topology]
+// when [tinymq.MQ.TopologyVersion] says it changed) and sends its metrics,
+// then tinymq_collector_errors_total. It implements [prometheus.Collector].
+// It holds no lock of the MQ while sending, and the MQ takes each queue's
+// lock only briefly, so a scrape neither waits for consumers nor stalls
+// publishers. The numbers of different queues are not taken at one instant
+// (see Stats). After the MQ stops it reports the final counters. Two scrapes
+// of one Collector (Collect or [Collector.Handler]) take turns.
 //
 // It sends the metrics of each queue and exchange in the order of their
 // labels, and sends again the metric it sent last time for a number that did
 // not change; so it allocates for what moved, and for new names. Collect
 // never panics and never sends an invalid metric, either of which would fail
-// the whole scrape: a panic (of Stats, say) ends the MQ's part of this scrape
-// and is counted in tinymq_collector_errors_total. Names that are not valid
-// UTF-8 are escaped (see the package documentation).
+// the whole scrape: a panic (of the MQ's read, say) ends the MQ's part of
+// this scrape and is counted in tinymq_collector_errors_total. Names that
+// are not valid UTF-8 are escaped (see the package documentation).
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.collectMQ(ch)
 	ch <- prometheus.MustNewConstMetric(c.collectErrors, prometheus.CounterValue, float64(c.errs.Load()))
 }
 
-// collectMQ sends the metrics of one Stats snapshot and of the topology. A
-// panic is recovered here and counted, so that Collect still sends the rest.
+// collectMQ reads the MQ and sends its metrics. A panic is recovered here
+// and counted, so that Collect still sends the rest.
 func (c *Collector) collectMQ(ch chan<- prometheus.Metric) {
 	defer func() {
 		if r := recover(); r != nil {
 			c.errs.Add(1)
 		}
 	}()
-	if c.stats == nil { // an Instrument option not given to New yet
-		return
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	gen := c.gen.Add(1)
-	st := c.stats()
-	top := c.topology()
-	now := c.now()
-	c.collectExchanges(ch, st.Exchanges, gen)
-	present := c.collectQueues(ch, st.Queues, gen, now)
-	ch <- prometheus.MustNewConstMetric(c.deletedQueues, prometheus.CounterValue, float64(st.DeletedQueues-st.ExpiredQueues), "deleted")
-	ch <- prometheus.MustNewConstMetric(c.deletedQueues, prometheus.CounterValue, float64(st.ExpiredQueues), "expired")
-	ch <- prometheus.MustNewConstMetric(c.deletedMsgs, prometheus.CounterValue, float64(st.Deleted.Removed))
-	c.collectBindings(ch, top.Exchanges, gen)
-	c.sweepObs(gen, present)
-}
-
-// labels returns the label pairs of a series of d with the given values,
-// built once per name and shared by the metrics of every scrape (the client
-// library treats them as immutable). Its capacity is its length, so that a
-// wrapping registry that appends labels copies them.
-func labels(d *prometheus.Desc, values ...string) []*dto.LabelPair {
-	return slices.Clip(prometheus.MakeLabelPairs(d, values))
-}
-
-// exchangeSeries are the metrics of one exchange last sent.
-type exchangeSeries struct {
-	name     string
-	label    string
-	labels   []*dto.LabelPair
-	gen      uint64 // the last scrape that saw the exchange
-	stats    tinymq.ExchangeStats
-	counters [len(exchangeCounters)]*counterMetric
-}
-
-func (c *Collector) collectExchanges(ch chan<- prometheus.Metric, exchanges map[string]tinymq.ExchangeStats, gen uint64) {
-	changed := false
-	for name, st := range exchanges {
-		e := c.exchanges[name]
-		if e == nil {
-			l := labelValue(name)
-			e = &exchangeSeries{name: name, label: l, labels: labels(c.exchangeDescs[0], l)}
-			c.exchanges[name] = e
-			changed = true
-		}
-		e.gen, e.stats = gen, st
-	}
-	if changed || len(c.exchanges) != len(exchanges) {
-		c.sortedExchanges = c.sortedExchanges[:0]
-		for name, e := range c.exchanges {
-			if e.gen != gen {
-				delete(c.exchanges, name)
-				continue
-			}
-			c.sortedExchanges = append(c.sortedExchanges, e)
-		}
-		slices.SortFunc(c.sortedExchanges, func(a, b *exchangeSeries) int { return cmp.Compare(a.label, b.label) })
+	if !c.read() {
+		return
 	}
 	for _, e := range c.sortedExchanges {
+		if e.labels == nil {
+			e.labels = labels(c.exchangeDescs[0], e.label)
+		}
 		for i, ec := range exchangeCounters {
 			e.counters[i] = counter(e.counters[i], c.exchangeDescs[i], e.labels, float64(ec.get(&e.stats)))
 			ch <- e.counters[i]
 		}
 	}
-}
-
-// queueSeries are the metrics of one queue last sent.
-type queueSeries struct {
-	name     string
-	label    string
-	labels   []*dto.LabelPair
-	gen      uint64 // the last scrape that saw the queue
-	stats    tinymq.QueueStats
-	obs      *queueObs // nil until a consumer call of the queue was observed
-	counters [len(queueCounters)]*counterMetric
-	gauges   [len(queueGauges)]*gaugeMetric
-	stuck    *gaugeMetric
-	hist     *histogramMetric
-}
-
-// collectQueues sends the metrics of every queue of the snapshot, and
-// returns how many of them have observers.
-func (c *Collector) collectQueues(ch chan<- prometheus.Metric, queues map[string]tinymq.QueueStats, gen uint64, now int64) (withObs int) {
-	changed := false
-	for name, st := range queues {
-		q := c.queues[name]
-		if q == nil {
-			l := labelValue(name)
-			q = &queueSeries{name: name, label: l, labels: labels(c.counterDescs[0], l)}
-			c.queues[name] = q
-			changed = true
-		}
-		q.gen, q.stats = gen, st
-	}
-	if changed || len(c.queues) != len(queues) {
-		c.sortedQueues = c.sortedQueues[:0]
-		for name, q := range c.queues {
-			if q.gen != gen {
-				delete(c.queues, name)
-				continue
-			}
-			c.sortedQueues = append(c.sortedQueues, q)
-		}
-		slices.SortFunc(c.sortedQueues, func(a, b *queueSeries) int { return cmp.Compare(a.label, b.label) })
-	}
 	for _, q := range c.sortedQueues {
+		if q.labels == nil {
+			q.labels = labels(c.counterDescs[0], q.label)
+		}
 		st := &q.stats
 		for i, qc := range queueCounters {
 			q.counters[i] = counter(q.counters[i], c.counterDescs[i], q.labels, float64(qc.get(st)))
@@ -480,58 +417,31 @@ func (c *Collector) collectQueues(ch chan<- prometheus.Metric, queues map[string
 			q.gauges[i] = gauge(q.gauges[i], c.gaugeDescs[i], q.labels, qg.get(st))
 			ch <- q.gauges[i]
 		}
-		if q.obs == nil || q.obs.dead.Load() {
-			q.obs = c.lookupObs(q.name)
-		}
-		o := q.obs
-		if o == nil && !c.instrumented {
+		if !q.observed {
 			continue
 		}
-		stuck := 0
-		if o != nil {
-			withObs++
-			o.lastSeen = gen
-			stuck = o.stuck(now, c.stuckAfter)
-		}
-		q.stuck = gauge(q.stuck, c.stuck, q.labels, float64(stuck))
-		ch <- q.stuck
-		q.hist = c.histogram(q.hist, q.labels, o)
+		q.stuckMetric = gauge(q.stuckMetric, c.stuck, q.labels, float64(q.stuck))
+		ch <- q.stuckMetric
+		q.hist = c.histogram(q.hist, q.labels, q.obs)
 		ch <- q.hist
 	}
-	return withObs
+	ch <- prometheus.MustNewConstMetric(c.deletedQueues, prometheus.CounterValue, float64(c.deleted), "deleted")
+	ch <- prometheus.MustNewConstMetric(c.deletedQueues, prometheus.CounterValue, float64(c.expired), "expired")
+	ch <- prometheus.MustNewConstMetric(c.deletedMsgs, prometheus.CounterValue, float64(c.removed))
+	for _, b := range c.sortedBindings {
+		if b.m == nil {
+			b.m = gauge(nil, c.binding, labels(c.binding, b.exchange, b.queue), 1)
+		}
+		ch <- b.m
+	}
 }
 
-// bindingSeries is the info metric of one binding.
-type bindingSeries struct {
-	m   *gaugeMetric
-	gen uint64 // the last scrape that sent it
-}
-
-func (c *Collector) collectBindings(ch chan<- prometheus.Metric, exchanges []tinymq.ExchangeInfo, gen uint64) {
-	sent := 0
-	for _, ex := range exchanges {
-		for _, b := range ex.Bindings {
-			k := [2]string{ex.Name, b.Queue}
-			s := c.bindings[k]
-			if s == nil {
-				s = &bindingSeries{m: gauge(nil, c.binding, labels(c.binding, labelValue(ex.Name), labelValue(b.Queue)), 1)}
-				c.bindings[k] = s
-			}
-			if s.gen == gen { // another binding of the same pair (other keys)
-				continue
-			}
-			s.gen = gen
-			sent++
-			ch <- s.m
-		}
-	}
-	if sent != len(c.bindings) {
-		for k, s := range c.bindings {
-			if s.gen != gen {
-				delete(c.bindings, k)
-			}
-		}
-	}
+// labels returns the label pairs of a series of d with the given values,
+// built once per name and shared by the metrics of every scrape (the client
+// library treats them as immutable). Its capacity is its length, so that a
+// wrapping registry that appends labels copies them.
+func labels(d *prometheus.Desc, values ...string) []*dto.LabelPair {
+	return slices.Clip(prometheus.MakeLabelPairs(d, values))
 }
 
 // labelValue returns the label value of an exchange or queue name: name itself

@@ -634,7 +634,7 @@ func TestCollectorPanicNeverFailsTheScrape(t *testing.T) {
 	mq := tinymq.New()
 	c, err := tinymqprom.NewCollector(mq)
 	require.NoError(t, err)
-	tinymqprom.SetStats(c, func() tinymq.Stats { panic("stats broke") })
+	tinymqprom.SetReadHook(c, func(string) { panic("stats broke") })
 
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(c))

@@ -9,12 +9,24 @@
 //
 // [Instrument] registers a [Collector] with the registry and wraps every
 // consumer call in a [tinymq.Middleware] that times it. A scrape then reads
-// [tinymq.MQ.Stats] once and turns it into tinymq_exchange_* and
-// tinymq_queue_* metrics: counters for what happened to messages, gauges for
-// what waits and what runs, tinymq_queue_consumer_duration_seconds (a
-// histogram of every consumer call) and tinymq_queue_calls_stuck (calls
-// running longer than [WithStuckAfter]). Instrument panics, as
-// [prometheus.MustRegister] does, if the registry refuses the Collector.
+// the MQ's stats once ([tinymq.MQ.WalkStats]; [tinymq.MQ.Topology] only
+// after [tinymq.MQ.TopologyVersion] moved) and turns them into
+// tinymq_exchange_* and tinymq_queue_* metrics: counters for what happened
+// to messages, gauges for what waits and what runs,
+// tinymq_queue_consumer_duration_seconds (a histogram of every consumer
+// call) and tinymq_queue_calls_stuck (calls running longer than
+// [WithStuckAfter]). Instrument panics, as [prometheus.MustRegister] does,
+// if the registry refuses the Collector.
+//
+// # Many queues
+//
+// A registry builds an object for every series of every scrape: 38 series a
+// queue cost it about 50ms and 8 MB a thousand queues. For an MQ of
+// thousands, [InstrumentHandler] instruments the MQ in the same way but
+// registers nothing, and returns a [net/http.Handler] that writes the same
+// series, in the text format, straight from the MQ's stats: a tenth of the
+// time and a hundredth of the memory. Serve it on a path, and scrape it as a
+// job, of its own. [Collector.Handler] serves any Collector so.
 //
 // [NewCollector] builds the Collector over an MQ made elsewhere, and returns
 // an error rather than panicking; its histogram and stuck gauge then see only
@@ -45,5 +57,6 @@
 // allocation more (BenchmarkMiddleware). A scrape keeps, per queue and
 // exchange, the label pairs and the metrics it sent last, and sends them
 // again when the number did not change, so that the Collector allocates
-// little for a queue that did not move (BenchmarkScrape).
+// little for a queue that did not move; the handler keeps each series'
+// labels as text, and allocates nothing per queue (BenchmarkScrape).
 package tinymqprom

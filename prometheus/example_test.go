@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -99,4 +101,56 @@ func ExampleCollector_Instrument() {
 	// Output:
 	// tinymq_queue_consumer_duration_seconds_bucket{queue="ship",le="+Inf"} 5
 	// tinymq_queue_consumer_duration_seconds_count{queue="ship"} 5
+}
+
+// InstrumentHandler is Instrument for an MQ of many queues: nothing is
+// registered, and the handler it returns streams the metrics on a path of
+// their own.
+func ExampleInstrumentHandler() {
+	opt, metrics := tinymqprom.InstrumentHandler()
+	mq := tinymq.New(opt)
+	_ = tinymq.RegisterHandler(mq, "orders", tinymq.Fanout, func(context.Context, string) error {
+		return nil // ship the order
+	}, 2, tinymq.WithQueueName("ship"))
+	_ = mq.Start(context.Background())
+	for _, id := range []string{"a", "b", "c"} {
+		_ = mq.Publish("orders", id)
+	}
+	mq.Stop()
+
+	mux := http.NewServeMux()
+	mux.Handle("/metrics/tinymq", metrics) // scraped as a job of its own
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics/tinymq", nil))
+	fmt.Println(rec.Header().Get("Content-Type"))
+	for line := range strings.Lines(rec.Body.String()) {
+		if strings.Contains(line, "_delivered_total{") || strings.Contains(line, "_count{") {
+			fmt.Print(line)
+		}
+	}
+	// Output:
+	// text/plain; version=0.0.4; charset=utf-8
+	// tinymq_queue_consumer_duration_seconds_count{queue="ship"} 3
+	// tinymq_queue_delivered_total{queue="ship"} 3
+}
+
+// Collector.Handler serves a Collector made with NewCollector, unregistered,
+// as the registry route would.
+func ExampleCollector_Handler() {
+	mq := tinymq.New()
+	_ = mq.DeclareQueue("audit", "users", tinymq.Fanout)
+	_ = mq.Publish("users", "ann")
+	c, _ := tinymqprom.NewCollector(mq)
+
+	rec := httptest.NewRecorder()
+	c.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	for line := range strings.Lines(rec.Body.String()) {
+		if strings.HasPrefix(line, "tinymq_queue_messages_ready") || strings.HasPrefix(line, "tinymq_queue_binding_info") {
+			fmt.Print(line)
+		}
+	}
+	mq.Stop()
+	// Output:
+	// tinymq_queue_binding_info{exchange="users",queue="audit"} 1
+	// tinymq_queue_messages_ready{queue="audit"} 1
 }

@@ -5,9 +5,14 @@ import (
 	"github.com/tinymq/tinymq"
 )
 
-// SetStats replaces the Stats that c's Collect reads, so that a test can make
-// it panic.
-func SetStats(c *Collector, stats func() tinymq.Stats) { c.stats = stats }
+// SetReadHook has fn run as each scrape of c starts reading the MQ (with
+// "") and for each queue it reads (with its name), so that a test can make
+// the read panic.
+func SetReadHook(c *Collector, fn func(queue string)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.readHook = fn
+}
 
 // Middleware returns the middleware that Instrument installs, fed into c, so
 // that a benchmark can call it directly.

