@@ -88,7 +88,8 @@ func (JSONCodec) ContentType() string { return "application/json" }
 // Encoded is the Data of a message that was stored or sent in encoded form
 // (a durable queue or a broker engine), as an untyped consumer receives it:
 // the codec's bytes of the published value, and the codec to decode them
-// with. A [Handler] consumer never sees it: Handler decodes it into its type.
+// with. A [Handler] consumer of a concrete type never sees it: Handler
+// decodes it into its type (a consumer of any gets the Encoded).
 // A consumer gets an Encoded on such a queue every time, before and after a
 // restart alike, so what it receives cannot depend on a crash.
 type Encoded struct {

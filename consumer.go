@@ -2,6 +2,7 @@ package tinymq
 
 import (
 	"context"
+	"reflect"
 )
 
 // ConsumerFunc handles one message of a queue.
@@ -22,4 +23,6 @@ type ConsumerFunc func(ctx context.Context, msg *Msg) error
 type consumer struct {
 	fn     ConsumerFunc
 	direct func(ctx context.Context, d Delivery[any]) error
+
+	payload reflect.Type // the T of a typed consumer (see typeQueueLocked), or nil
 }

@@ -43,7 +43,8 @@ type Death struct {
 	MessageID uint64
 	// LastError is the text of the consumer's last error, if any.
 	LastError string
-	// Time is when it was dead-lettered.
+	// Time is when it was dead-lettered: for a Count above 1, the first
+	// time, as for the exchange and routing key.
 	Time time.Time
 }
 
@@ -87,7 +88,7 @@ func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
 		if key == "" {
 			key = m.RoutingKey
 		}
-		err = q.mq.publishDead(q.cfg.dlx, m.Data, key, m.Headers, deaths, src)
+		err = q.mq.publishDead(q.cfg.dlx, m.Data, key, m.Group(), m.Headers, deaths, src)
 	}
 	q.mq.dur.ackUnmoved(src)
 	rec := DeadLetter{Death: deaths[0]}
@@ -210,7 +211,7 @@ func (m *MQ) ReplayDeadLetters(queue string, n int) (int, error) {
 		if k := msg.dkey(); k != "" {
 			src = &deadSource{queue: q.name, key: k}
 		}
-		r := records{data: msg.Data, pc: publishConfig{routingKey: d.RoutingKey, headers: msg.Headers}, deaths: msg.Deaths}
+		r := records{data: msg.Data, pc: publishConfig{routingKey: d.RoutingKey, headers: msg.Headers, group: msg.Group()}, deaths: msg.Deaths}
 		_, perr := m.publish(d.Exchange, &r, &deadLetter{src: src, replay: true})
 		settleEvicted(r.evicted)
 		if perr != nil {
@@ -220,7 +221,7 @@ func (m *MQ) ReplayDeadLetters(queue string, n int) (int, error) {
 		}
 		m.dur.ackUnmoved(src)
 		q.c.replayed.Add(1)
-		q.doneHead()
+		q.doneHead(&e)
 		moved++
 	}
 	if len(kept) > 0 {
@@ -249,16 +250,26 @@ func (q *queue) takeHead() (entry, bool) {
 	if q.buf.n == 0 {
 		return entry{}, false
 	}
-	e := q.popLocked()
+	// Not popLocked: a grouped head keeps its group until doneHead (putBack
+	// returns it to the head of buf, its group's message out still).
+	var one [1]entry
+	e := q.buf.pop(one[:0], 1)[0]
+	q.begun.Add(1)
 	q.busy++
 	q.freeRoomLocked()
 	return e, true
 }
 
-// doneHead ends what takeHead began, for a message that left the queue.
-func (q *queue) doneHead() {
+// doneHead ends what takeHead began, for e, a message that left the queue:
+// its group (WithGroupOrdering) goes on.
+func (q *queue) doneHead(e *entry) {
 	q.mu.Lock()
 	q.busy--
+	if q.cfg.groups {
+		if g := e.group(); g != "" {
+			q.groupDoneLocked(g)
+		}
+	}
 	q.reportIfQuiescentLocked()
 	q.mu.Unlock()
 }

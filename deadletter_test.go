@@ -521,3 +521,101 @@ func TestReplayOfADurableDeadLetterIsOneMove(t *testing.T) {
 	assert.Equal(t, tinymq.ReasonRejected, got[0].Deaths[0].Reason)
 	stopWithin(t, m)
 }
+
+// A dead letter keeps its message group, and so does its replay: a queue
+// with group ordering behind the dead-letter exchange, and the queue it is
+// replayed to, keep each group's order.
+func TestDeadLettersAndTheirReplayKeepTheMessageGroup(t *testing.T) {
+	for _, durable := range []bool{false, true} {
+		t.Run(fmt.Sprint("durable=", durable), func(t *testing.T) {
+			var opts []tinymq.Option
+			var qopts []tinymq.QueueOption
+			if durable {
+				opts = append(opts, tinymq.WithDataDir(t.TempDir()))
+				qopts = append(qopts, tinymq.WithDurable())
+			}
+			var broken atomic.Bool
+			broken.Store(true)
+			m := tinymq.New(append(opts, quiet())...)
+			done := make(chan *tinymq.Msg, 100)
+			require.NoError(t, m.DeclareQueue("dlq", "dlx", tinymq.Fanout, append(qopts, tinymq.WithGroupOrdering())...))
+			require.NoError(t, m.RegisterQueue("jobs", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+				if broken.Load() {
+					return tinymq.Permanent(errors.New("bug"))
+				}
+				done <- msg
+				return nil
+			}, 2, append(qopts, tinymq.WithQueueName("work"), tinymq.WithDeadLetter("dlx", ""), tinymq.WithGroupOrdering())...))
+			require.NoError(t, m.Start(context.Background()))
+			for i := range 6 {
+				require.NoError(t, m.Publish("jobs", i, tinymq.WithMessageGroup(fmt.Sprint("g", i%2))))
+			}
+			require.Eventually(t, func() bool { return m.Stats().Queues["dlq"].Depth == 6 }, wait, time.Millisecond)
+			peeked, err := m.Peek("dlq", 10)
+			require.NoError(t, err)
+			require.Len(t, peeked, 6)
+			for _, p := range peeked {
+				assert.Equal(t, fmt.Sprint("g", dataInt(t, p.Data)%2), p.Group(), "a dead letter keeps its group")
+			}
+
+			broken.Store(false)
+			n, err := m.ReplayDeadLetters("dlq", 6)
+			require.NoError(t, err)
+			require.Equal(t, 6, n)
+			last := map[string]int{}
+			for _, msg := range recv(t, done, 6) {
+				i := dataInt(t, msg.Data)
+				g := fmt.Sprint("g", i%2)
+				assert.Equal(t, g, msg.Group(), "a replayed message keeps its group")
+				if prev, ok := last[g]; ok {
+					assert.Less(t, prev, i, "group %s in order", g)
+				}
+				last[g] = i
+			}
+			stopWithin(t, m)
+		})
+	}
+}
+
+// A replay is a publish: a typed queue refuses data of another type, and the
+// message stays where it is.
+func TestReplayToATypedQueueRefusesAnotherType(t *testing.T) {
+	m := tinymq.New(quiet())
+	require.NoError(t, m.DeclareQueue("dlq", "dlx", tinymq.Fanout))
+	require.NoError(t, m.DeclareQueue("work", "jobs", tinymq.Fanout, tinymq.WithDeadLetter("dlx", "")))
+	sub, err := m.Consume("work", func(context.Context, *tinymq.Msg) error { return tinymq.Permanent(errors.New("bug")) }, 1)
+	require.NoError(t, err)
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("jobs", "a string"))
+	require.Eventually(t, func() bool { return m.Stats().Queues["dlq"].Depth == 1 }, wait, time.Millisecond)
+	require.NoError(t, sub.Cancel(context.Background()))
+
+	got := make(chan int, 1)
+	_, err = tinymq.ConsumeHandler(m, "work", func(_ context.Context, v int) error { got <- v; return nil }, 1)
+	require.NoError(t, err)
+	n, err := m.ReplayDeadLetters("dlq", 1)
+	assert.Zero(t, n)
+	require.ErrorIs(t, err, tinymq.ErrPayloadType)
+	peeked, err := m.Peek("dlq", 1)
+	require.NoError(t, err)
+	require.Len(t, peeked, 1, "the message stays")
+	assert.Equal(t, "a string", peeked[0].Data)
+	stopWithin(t, m)
+	assert.Empty(t, got)
+}
+
+// dataInt is a test payload as an int, in memory (int) or decoded from the
+// log (an Encoded of JSON).
+func dataInt(t *testing.T, data any) int {
+	t.Helper()
+	switch d := data.(type) {
+	case int:
+		return d
+	case tinymq.Encoded:
+		var v int
+		require.NoError(t, d.Decode(&v))
+		return v
+	}
+	t.Fatalf("payload %T", data)
+	return 0
+}

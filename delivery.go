@@ -15,12 +15,16 @@ type Delivery[T any] struct {
 	Attempt     int
 	Deaths      []Death
 	Redelivered bool
+	// Group is the message's [WithMessageGroup], as [Msg.Group] returns it.
+	Group string
+
+	msg *Msg // the Msg of a ConsumerFunc's call, for the middleware's chain (see wrapConsumer)
 }
 
 // delivery is m as a direct consumer receives it.
 func (m *Msg) delivery() Delivery[any] {
 	return Delivery[any]{ID: m.ID, Exchange: m.Exchange, Queue: m.Queue, RoutingKey: m.RoutingKey,
-		Headers: m.Headers, Data: m.Data, Attempt: m.Attempt, Deaths: m.Deaths, Redelivered: m.Redelivered}
+		Headers: m.Headers, Data: m.Data, Attempt: m.Attempt, Deaths: m.Deaths, Redelivered: m.Redelivered, Group: m.Group()}
 }
 
 // delivery is a shared entry as a direct consumer receives it.

@@ -41,6 +41,7 @@ type durableLog struct {
 	seqs      map[string]uint64            // exchange -> IDs reserved before this run
 	tombs     map[string]map[string]uint64 // queue -> the d/ tombstone this run wrote for it (see deleteQueue)
 	decls     map[string][]byte            // durable queue -> its q/ record in the log (see declared)
+	dedups    map[string][]dedupRecord     // exchange -> its unexpired i/ records, until it is declared (see restoreDedup)
 
 	garbage     []garbage // messages that recover found no queue holding, for collect
 	garbageKeys []string  // and keys that no longer matter: tombstones, a/ and s/ keys of messages gone
@@ -101,6 +102,7 @@ type recoveredMsg struct {
 	visibleAt   int64
 	expiration  time.Duration
 	state       *queueState // nil unless the queue retried it
+	group       string      // WithMessageGroup, or ""
 }
 
 // openLog opens the MQ's log and reads what it holds. The caller holds the
@@ -141,6 +143,7 @@ func (m *MQ) openLog() error {
 			ex.base = d.seqs[name]
 			ex.seq.Store(ex.base)
 		}
+		d.restoreDedup(ex)
 	}
 	return nil
 }
@@ -176,6 +179,7 @@ func (d *durableLog) recover() error {
 		visibleAt   int64
 		expiration  time.Duration
 		queues      []string // shared with the message before when equal
+		group       string
 	}
 	var (
 		msgs   = make([]logged, 0, d.log.Stats().LiveKeys)
@@ -184,6 +188,7 @@ func (d *durableLog) recover() error {
 		tombs  map[string]map[string]uint64 // deleted queue -> exchange -> IDs up to which its messages are not the queue's
 		dec    msgDecoder
 		bad    error
+		now    = time.Now().UnixNano() // what i/ records expire by
 	)
 	err := d.log.Scan(func(k string, v []byte) bool {
 		switch k[:min(len(k), 2)] {
@@ -194,7 +199,7 @@ func (d *durableLog) recover() error {
 				return false
 			}
 			msgs = append(msgs, logged{key: k, publishedAt: s.publishedAt, visibleAt: s.visibleAt,
-				expiration: s.expiration, queues: s.queues})
+				expiration: s.expiration, queues: s.queues, group: s.group})
 		case "a/":
 			q, mk, ok := parseQueueKey(k)
 			if !ok {
@@ -228,6 +233,21 @@ func (d *durableLog) recover() error {
 				tombs = make(map[string]map[string]uint64)
 			}
 			tombs[k[2:]] = up
+		case "i/":
+			ex, id, ok := parseQueueKey(k)
+			at, window, err := decodeDedup(v)
+			if !ok || err != nil {
+				bad = errBadRecord
+				return false
+			}
+			if now-at >= int64(window) {
+				d.garbageKeys = append(d.garbageKeys, k)
+				break
+			}
+			if d.dedups == nil {
+				d.dedups = make(map[string][]dedupRecord)
+			}
+			d.dedups[ex] = append(d.dedups[ex], dedupRecord{id: id, at: at})
 		case "q/":
 			if _, err := decodeQueueRecord(k[2:], v); err != nil {
 				bad = err
@@ -339,7 +359,7 @@ func (d *durableLog) recover() error {
 		for j, l := range listsOf(e.queues) {
 			if q := e.queues[j]; !slices.Contains(ak, q) {
 				pending++
-				r := recoveredMsg{key: k, id: id, publishedAt: e.publishedAt, visibleAt: e.visibleAt, expiration: e.expiration}
+				r := recoveredMsg{key: k, id: id, publishedAt: e.publishedAt, visibleAt: e.visibleAt, expiration: e.expiration, group: e.group}
 				if s, ok := st[q]; ok {
 					r.state = &s
 				}
@@ -834,7 +854,7 @@ func (d *durableLog) unregistered() map[string]int {
 // all, and refuse or hold publishes until the queue is below its limit.
 //
 // A message stays on disk until it is delivered: a ready one that was never
-// retried is queued as a restored entry (see restored), 56 bytes with the
+// retried is queued as a restored entry (see restored), 72 bytes with the
 // queue's entry, and any other as a Msg without its value (lazyMsg); the
 // worker that delivers or dead-letters it reads the rest (see queue.load).
 func (m *MQ) restore(q *queue) {
@@ -859,14 +879,14 @@ func (m *MQ) restore(q *queue) {
 			var e entry
 			if r.state != nil {
 				due = max(due, r.state.dueAt)
-				e = entry{m: lazyMsg(r.key, r.id, q.name, expires, r.state)}
+				e = entry{m: lazyMsg(r.key, r.id, q.name, expires, r.state, r.group)}
 			} else if due > now {
-				e = entry{m: lazyMsg(r.key, r.id, q.name, expires, nil)}
+				e = entry{m: lazyMsg(r.key, r.id, q.name, expires, nil, r.group)}
 			} else {
 				if len(block) == cap(block) { // blocks, so that what is delivered is freed
 					block = make([]restored, 0, min(restoredBlock, len(list)-i))
 				}
-				block = append(block, restored{key: r.key, expires: expires})
+				block = append(block, restored{key: r.key, expires: expires, group: r.group})
 				e = entry{m: restoredMark, id: r.id, data: &block[len(block)-1]}
 			}
 			if !yield(e, due) {
@@ -889,6 +909,7 @@ func (m *MQ) restore(q *queue) {
 type restored struct {
 	key     string // the log index's own string
 	expires int64
+	group   string // WithMessageGroup, or ""
 }
 
 // restoredBlock is how many restored share one allocation.
@@ -902,12 +923,12 @@ var restoredMark = &Msg{}
 // if the queue retried it) and expiry, but not its routing key, headers,
 // deaths or data, which queue.load reads. One allocation, as publish makes
 // a Msg with its ext.
-func lazyMsg(key string, id uint64, queue string, expires int64, st *queueState) *Msg {
+func lazyMsg(key string, id uint64, queue string, expires int64, st *queueState, group string) *Msg {
 	exch, _, _ := parseMsgKey(key)
 	dm := &struct {
 		Msg
 		x msgExt
-	}{Msg: Msg{ID: id, Exchange: exch, Queue: queue, Redelivered: true}, x: msgExt{expires: expires, dkey: key, unread: true}}
+	}{Msg: Msg{ID: id, Exchange: exch, Queue: queue, Redelivered: true}, x: msgExt{expires: expires, dkey: key, unread: true, group: group}}
 	dm.Msg.x = &dm.x
 	if st != nil {
 		dm.Attempt = st.attempt
@@ -1031,7 +1052,7 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 	key := string(kb)
 	var qbuf [4]string
 	rec := storedMsg{publishedAt: now.UnixNano(), visibleAt: deadline(now, pc.delay), expiration: pc.ttl,
-		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body, queues: qbuf[:0]}
+		routingKey: pc.routingKey, headers: pc.headers, deaths: deaths, body: body, queues: qbuf[:0], group: pc.group}
 	for i, q := range dst {
 		if q.cfg.durable {
 			rec.queues = append(rec.queues, q.name)
@@ -1053,6 +1074,9 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 		if q.cfg.durable {
 			msgs[i].Data = Encoded{Body: body, Codec: d.codec}
 		}
+	}
+	if pc.dedupID != "" && ex.dedup != nil { // the ID is accepted with the message, or neither is
+		putDedup(b, ex.name, pc.dedupID, rec.publishedAt, ex.dedup.window)
 	}
 	if dl != nil && dl.src != nil { // the move to a durable queue is one record
 		d.ack(dl.src.queue, dl.src.key, b)
@@ -1077,6 +1101,7 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 		return fmt.Errorf("%w: %w", ErrLog, err)
 	}
 	committed = true
+	pc.dedupLogged = pc.dedupID != "" && ex.dedup != nil
 	return nil
 }
 

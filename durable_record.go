@@ -20,6 +20,7 @@ import (
 //	x/<exchange>                               IDs reserved for the exchange
 //	d/<queue>                                  the queue was deleted (a tombstone)
 //	q/<queue>                                  the durable queue is declared: its settings and bindings
+//	i/<len(exchange)><exchange><dedup ID>      WithDeduplicationID's ID, accepted at (see putDedup)
 //
 // A message's value lists the durable queues it was routed to; it is deleted,
 // with its a/ and s/ keys, when the last of them acknowledges it. A d/ value
@@ -32,9 +33,17 @@ import (
 // tombstones that no message is left for, and a/ and s/ keys whose message
 // is gone. Values start with a format version byte. Header values keep their
 // exact Go type, so that a consumer sees the same Msg before and after a
-// restart.
+// restart. An i/ record joins the batch of the message it came with, so that
+// the ID is recorded exactly when the message is; its value holds when it
+// was accepted and the window then in force, and recovery deletes it once
+// that window has passed (the MQ deletes it too when it forgets the ID).
 
 const recordVersion = 1
+
+// groupRecordVersion starts the record of a message with a group
+// (WithMessageGroup): version 1's fields, the group ID (a string) after the
+// deaths. Messages without a group keep version 1.
+const groupRecordVersion = 2
 
 var errBadRecord = errors.New("tinymq: malformed log record")
 
@@ -48,6 +57,7 @@ type storedMsg struct {
 	deaths      []Death
 	body        []byte
 	queues      []string
+	group       string // WithMessageGroup, or ""
 }
 
 // queueState is a message's state in one queue, once it has been retried.
@@ -155,7 +165,11 @@ func (s *storedMsg) putIn(b *wal.Batch, key, head, raw []byte) (body, headBuf []
 
 // appendHead appends the encoding of s up to its body.
 func (s *storedMsg) appendHead(b []byte) []byte {
-	b = append(b, recordVersion)
+	if s.group != "" {
+		b = append(b, groupRecordVersion)
+	} else {
+		b = append(b, recordVersion)
+	}
 	b = binary.AppendVarint(b, s.publishedAt)
 	b = binary.AppendVarint(b, s.visibleAt)
 	b = binary.AppendVarint(b, int64(s.expiration))
@@ -177,6 +191,9 @@ func (s *storedMsg) appendHead(b []byte) []byte {
 		b = binary.AppendUvarint(b, d.MessageID)
 		b = appendString(b, d.LastError)
 		b = binary.AppendVarint(b, d.Time.UnixNano())
+	}
+	if s.group != "" {
+		b = appendString(b, s.group)
 	}
 	return b
 }
@@ -289,7 +306,8 @@ type msgDecoder struct {
 // Otherwise it decodes everything, and s.body shares b's bytes.
 func (dec *msgDecoder) decode(s *storedMsg, b []byte, meta bool) error {
 	r := &reader{b: b}
-	if r.byte() != recordVersion {
+	version := r.byte()
+	if version != recordVersion && version != groupRecordVersion {
 		return fmt.Errorf("%w: unknown message record version", errBadRecord)
 	}
 	s.publishedAt = r.varint()
@@ -333,6 +351,9 @@ func (dec *msgDecoder) decode(s *storedMsg, b []byte, meta bool) error {
 			d.LastError = r.string()
 			d.Time = time.Unix(0, r.varint())
 		}
+	}
+	if version == groupRecordVersion { // recovery needs the group too: meta keeps it
+		s.group = r.string()
 	}
 	if body := r.bytes(); len(body) > 0 && !meta {
 		s.body = body

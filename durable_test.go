@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -2184,5 +2185,26 @@ func TestShutdownDeadlineRacingDurablePublishesAccountsForEach(t *testing.T) {
 			assert.False(t, stopped[v], "round %d: message %d, refused with ErrStopped, was delivered after the restart", round, v)
 			assert.True(t, accepted[v] || logErr[v], "round %d: message %d was never published", round, v)
 		}
+	}
+}
+
+// A durable MQ works inside a testing/synctest bubble, and so does one
+// outside it afterwards: nothing the log made in the bubble (a channel) is
+// handed to a log outside it.
+func TestDurableMQWorksInsideAndAfterASynctestBubble(t *testing.T) {
+	run := func(t *testing.T, dir string) {
+		m := tinymq.New(quiet(), tinymq.WithDataDir(dir))
+		got := make(chan *tinymq.Msg, 8)
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 4 {
+			require.NoError(t, m.Publish("ev", i))
+		}
+		recv(t, got, 4)
+		m.Stop()
+	}
+	for range 3 {
+		synctest.Test(t, func(t *testing.T) { run(t, t.TempDir()) })
+		run(t, t.TempDir())
 	}
 }

@@ -144,4 +144,10 @@ type Publishing struct {
 	// Expiration is [WithExpiration], or 0; Delay is [WithDelay], or 0.
 	Expiration time.Duration
 	Delay      time.Duration
+	// ID is, for a [PublishMiddleware] once its next returned nil, the ID
+	// the exchange stamped on the message ([Msg].ID); 0 on an engine, or
+	// for a duplicate ([WithDeduplicationID]), which was not routed again.
+	ID uint64
+
+	r *records // a publish going through PublishMiddleware: see publishInner
 }

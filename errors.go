@@ -76,7 +76,10 @@ var (
 	ErrQueueFull = errors.New("tinymq: queue full")
 
 	// ErrPayloadType is the (permanent) error of a [Handler] consumer handed a
-	// Msg whose Data is not of its type.
+	// Msg whose Data is not of its type. Publish returns it, and no queue
+	// gets the message, when a matching queue of a typed consumer
+	// ([RegisterHandler]) could never take the Data; ConsumeHandler and its
+	// kin return it for a queue that has a typed consumer of another type.
 	ErrPayloadType = errors.New("tinymq: payload of the wrong type")
 
 	// ErrPermanent is matched, with errors.Is, by every error that [Permanent]
@@ -143,6 +146,15 @@ var (
 	// ErrTooLarge is returned by Publish for a message larger than the MQ's
 	// limit (see [WithMaxMessageSize]). No queue got the message.
 	ErrTooLarge = errors.New("tinymq: message too large")
+)
+
+// Sentinel errors of the options that pace a queue's consumers.
+var (
+	// ErrDeliveryTimeout is wrapped by the error of a delivery whose
+	// consumer had not returned when [WithDeliveryTimeout]'s deadline
+	// passed. The delivery failed: the retry policy and dead-lettering
+	// apply, and what the late call returns is ignored.
+	ErrDeliveryTimeout = errors.New("tinymq: delivery timed out")
 )
 
 // PanicError is the error a consumer's panic becomes. It is logged and counted as

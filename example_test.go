@@ -263,3 +263,39 @@ func ExampleRegisterDeliveryHandler() {
 	m.Stop()
 	// Output: message 1, key user.created, attempt 1: ada signed up
 }
+
+// WithMiddleware wraps every consumer, of every form, once for the whole MQ;
+// WithPublishMiddleware wraps every publish, and may add headers.
+func ExampleWithMiddleware() {
+	timed := func(next tinymq.DeliveryFunc) tinymq.DeliveryFunc {
+		return func(ctx context.Context, d tinymq.Delivery[any]) error {
+			err := next(ctx, d)
+			fmt.Printf("queue %s, message %d, attempt %d: %v\n", d.Queue, d.ID, d.Attempt, err)
+			return err
+		}
+	}
+	traced := func(next tinymq.PublishFunc) tinymq.PublishFunc {
+		return func(ctx context.Context, p *tinymq.Publishing) error {
+			h := map[string]any{"trace": "t-1"} // a new map: the caller's may be shared
+			for k, v := range p.Headers {
+				h[k] = v
+			}
+			p.Headers = h
+			return next(ctx, p)
+		}
+	}
+	m := tinymq.New(tinymq.WithMiddleware(timed), tinymq.WithPublishMiddleware(traced))
+	err := tinymq.RegisterDeliveryHandler(m, "user.created", tinymq.Fanout, func(ctx context.Context, d tinymq.Delivery[*UserCreated]) error {
+		fmt.Printf("welcome %s (trace %v)\n", d.Data.Email, d.Headers["trace"])
+		return nil
+	}, 1, tinymq.WithQueueName("welcome"))
+	if err != nil {
+		panic(err)
+	}
+	_ = m.Start(context.Background())
+	_ = m.Publish("user.created", &UserCreated{ID: 1, Email: "ada@example.com"})
+	m.Stop()
+	// Output:
+	// welcome ada@example.com (trace t-1)
+	// queue welcome, message 1, attempt 1: <nil>
+}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // ExchangeType is the routing rule of an exchange, as in RabbitMQ.
@@ -48,11 +49,12 @@ func (k ExchangeType) valid() bool { return k >= Fanout && k <= Headers }
 
 type exchangeConfig struct {
 	alternate string
+	dedup     time.Duration // WithDeduplication's window; 0: none
 }
 
-type exchangeOptionFunc func(*exchangeConfig)
+type exchangeOptionFunc func(*exchangeConfig) error
 
-func (f exchangeOptionFunc) applyExchange(c *exchangeConfig) { f(c) }
+func (f exchangeOptionFunc) applyExchange(c *exchangeConfig) error { return f(c) }
 
 // exchange stamps messages with a sequence number and routes copies of them to
 // its bound queues. Its bindings are guarded by the MQ's lock: read under the
@@ -67,6 +69,9 @@ type exchange struct {
 	reserved   atomic.Uint64 // IDs up to this are recorded in the log (see reserveIDs)
 	reserveMu  sync.Mutex
 	unroutable atomic.Uint64 // publishes refused with ErrNoRoute
+	duplicates atomic.Uint64 // publishes that WithDeduplication found accepted already
+
+	dedup *dedupTable // WithDeduplication's IDs, or nil
 
 	all     []*queue            // fanout: every bound queue; headers: every queue with bindings
 	direct  map[string][]*queue // direct: binding key -> queues
@@ -82,10 +87,50 @@ type exchange struct {
 	// that a publish with no options is one plain entry for each (see
 	// MQ.publish). Set by bind.
 	plain bool
+	// typed: some bound queue has a payload type (see typeQueueLocked), so
+	// that a publish checks its data. oneType is that type when every typed
+	// queue has the same: a plain publish then checks its data against it
+	// alone, on the fast path (plain stays true); with several types plain
+	// is false. Set by retype.
+	typed   bool
+	oneType reflect.Type
+}
+
+// plainNow is what plain should be now: see plain and oneType.
+func (e *exchange) plainNow() bool {
+	return e.kind == Fanout && len(e.all) > 0 && (!e.typed || e.oneType != nil) &&
+		!slices.ContainsFunc(e.all, func(q *queue) bool { return !q.takesShared() })
+}
+
+// retype sets typed, and plain, from the queues bound to e. The caller
+// holds the MQ's write lock.
+func (e *exchange) retype(m *MQ) {
+	e.typed, e.oneType = false, nil
+	mixed := false
+	if len(m.payloads) > 0 {
+		for _, s := range e.bindings {
+			q := m.queues[s.Queue]
+			if q == nil || m.payloads[q] == nil {
+				continue
+			}
+			t := m.payloads[q]
+			if e.typed && e.oneType != t {
+				mixed = true
+			}
+			e.typed, e.oneType = true, t
+		}
+	}
+	if mixed {
+		e.oneType = nil
+	}
+	e.plain = e.plainNow()
 }
 
 func newExchange(name string, kind ExchangeType, cfg exchangeConfig) *exchange {
 	e := &exchange{name: name, kind: kind, cfg: cfg, proto: &Msg{Exchange: name, shared: true}}
+	if cfg.dedup > 0 {
+		e.dedup = newDedupTable(cfg.dedup)
+	}
 	switch kind {
 	case Direct:
 		e.direct = make(map[string][]*queue)
@@ -150,6 +195,7 @@ func checkBinding(kind ExchangeType, b binding) ([]headersBinding, error) {
 func (e *exchange) bind(q *queue, b binding, hbs []headersBinding) {
 	e.bindings = append(e.bindings, BindingSpec{Queue: q.name, Exchange: e.name, Kind: e.kind, Keys: slices.Clone(b.keys), Args: slices.Clone(b.args)})
 	e.attach(q, b, hbs)
+	e.retype(q.mq)
 }
 
 // attach adds q's bindings to the routing tables. The caller holds the MQ's
@@ -165,7 +211,7 @@ func (e *exchange) attach(q *queue, b binding, hbs []headersBinding) {
 		if !slices.Contains(e.all, q) {
 			e.all = append(slices.Clip(e.all), q)
 		}
-		e.plain = len(e.all) > 0 && !slices.ContainsFunc(e.all, func(q *queue) bool { return !q.takesShared() })
+		e.plain = e.plainNow()
 	case Direct:
 		for _, k := range b.keys {
 			if qs := e.direct[k]; !slices.Contains(qs, q) {
@@ -264,6 +310,7 @@ func (e *exchange) unbindQueue(q *queue, b *binding) {
 		e.attach(q, binding{keys: s.Keys, args: s.Args, hasArgs: len(s.Args) > 0}, hbs)
 	}
 	e.bindings = append(kept, left...)
+	e.retype(q.mq)
 	dur := false
 	for _, s := range e.bindings {
 		if o := q.mq.queues[s.Queue]; o != nil && o.cfg.durable {
@@ -282,7 +329,7 @@ func (e *exchange) detach(q *queue, specs []BindingSpec) {
 	switch e.kind {
 	case Fanout:
 		e.all = without(e.all)
-		e.plain = len(e.all) > 0 && !slices.ContainsFunc(e.all, func(q *queue) bool { return !q.takesShared() })
+		e.plain = e.plainNow()
 	case Direct:
 		for _, s := range specs {
 			for _, k := range s.Keys {

@@ -28,7 +28,7 @@ func (e *entry) msg(queue string) *Msg {
 	if !e.m.shared {
 		if e.m == restoredMark {
 			r := e.data.(*restored)
-			return lazyMsg(r.key, e.id, queue, r.expires, nil)
+			return lazyMsg(r.key, e.id, queue, r.expires, nil, r.group)
 		}
 		return e.m
 	}

@@ -414,6 +414,14 @@ func runScenario(t *testing.T, f hForm, pathOpts []tinymq.QueueOption, sc hScena
 	}
 	require.NoError(t, f.register(m, "ev", tinymq.Fanout, consume, 1, opts...))
 	require.NoError(t, m.Start(context.Background()))
+	if f.name != "RegisterQueue+Handler" && (sc.name == "wrong type" || sc.name == "nil data") {
+		// The queue knows its payload type: Publish refuses what its
+		// consumer could never take (see typed_publish_test.go).
+		require.ErrorIs(t, m.Publish("ev", sc.data), tinymq.ErrPayloadType)
+		stopWithin(t, m)
+		assert.Zero(t, m.Stats().Queues["work"].Accepted)
+		return
+	}
 	require.NoError(t, m.Publish("ev", sc.data))
 	stopWithin(t, m)
 
@@ -977,7 +985,9 @@ func TestEveryConsumerFormRetriesDeadLettersAndCountsFailuresAlike(t *testing.T)
 }
 
 // The payload rules are Handler's for every typed form: nil or foreign Data
-// fails permanently with ErrPayloadType; a typed nil *T is a T.
+// fails permanently with ErrPayloadType; a typed nil *T is a T. A typed
+// form whose queue knows its type (all but Handler, a plain ConsumerFunc)
+// refuses such Data at Publish instead (see typed_publish_test.go).
 func TestTypedFormsFollowHandlersPayloadRules(t *testing.T) {
 	cases := []struct {
 		name string
@@ -1002,6 +1012,14 @@ func TestTypedFormsFollowHandlersPayloadRules(t *testing.T) {
 					tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})))
 				require.NoError(t, m.Start(context.Background()))
 				defer stopWithin(t, m)
+				if !c.ok && f.name != "Handler" {
+					require.ErrorIs(t, m.Publish("ev", c.data), tinymq.ErrPayloadType, "refused at Publish")
+					stopWithin(t, m)
+					s := m.Stats().Queues["q"]
+					assert.Equal(t, hCounts{}, hCountsOf(s))
+					assert.Zero(t, s.Accepted)
+					return
+				}
 				require.NoError(t, m.Publish("ev", c.data))
 				if c.ok {
 					assert.Equal(t, []int{-1}, recv(t, got, 1))
@@ -1043,10 +1061,10 @@ func TestTypedFormsFollowHandlersPayloadRules(t *testing.T) {
 		assert.Nil(t, recv(t, gotErr, 1)[0])
 		require.NoError(t, m.Publish("s", time.Second)) // a time.Duration is a Stringer
 		assert.Equal(t, "1s", recv(t, got, 1)[0].String())
-		require.NoError(t, m.Publish("s", 5)) // an int is not
+		require.ErrorIs(t, m.Publish("s", 5), tinymq.ErrPayloadType) // an int is not: refused at Publish
 		stopWithin(t, m)
 		s := m.Stats().Queues["s"]
-		assert.Equal(t, hCounts{Delivered: 3, Succeeded: 2, Failed: 1, Dropped: 1}, hCountsOf(s))
+		assert.Equal(t, hCounts{Delivered: 2, Succeeded: 2}, hCountsOf(s))
 		assertLedger(t, "s", s)
 	})
 }

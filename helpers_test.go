@@ -21,6 +21,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// An MQ without WithLogger logs its warnings to slog.Default: most tests
+	// provoke failures on purpose, and the tests of the default logger set
+	// their own.
+	slog.SetDefault(slog.New(slog.DiscardHandler))
 	if os.Getenv(scenarioEnv) != "" || os.Getenv(crashEnv) != "" {
 		// A child process of TestReentrancy: its scenario may strand a
 		// goroutine on purpose (a logger that blocks forever).

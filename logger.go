@@ -6,7 +6,48 @@ import (
 	"sync"
 )
 
-var discardLogger = slog.New(slog.DiscardHandler)
+// defaultLogger is the logger of an MQ without [WithLogger]: warnings and
+// errors go to [slog.Default] (so that a newcomer sees a message that was
+// dropped or left undelivered), anything below is dropped.
+var defaultLogger = slog.New(warnHandler{})
+
+// warnHandler passes warnings and errors to h, or, when h is nil, to the
+// handler of slog.Default at the time of each line (so that a later
+// slog.SetDefault is followed), and drops the rest.
+type warnHandler struct{ h slog.Handler }
+
+func (w warnHandler) handler() slog.Handler {
+	if w.h != nil {
+		return w.h
+	}
+	return slog.Default().Handler()
+}
+
+func (w warnHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && w.handler().Enabled(ctx, l)
+}
+
+func (w warnHandler) Handle(ctx context.Context, r slog.Record) error {
+	return w.handler().Handle(ctx, r)
+}
+
+func (w warnHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return warnHandler{w.handler().WithAttrs(attrs)}
+}
+
+func (w warnHandler) WithGroup(name string) slog.Handler {
+	return warnHandler{w.handler().WithGroup(name)}
+}
+
+// quiet reports whether the MQ's logger drops every line at level without
+// running user code: it discards, or it is the default and level is below a
+// warning.
+func (m *MQ) quiet(level slog.Level) bool {
+	if m.log == defaultLogger {
+		return level < slog.LevelWarn
+	}
+	return m.log.Handler() == slog.DiscardHandler
+}
 
 // logAttrs logs msg at level with the attributes attrs adds to the slice it
 // is given; attrs is not called when the level is disabled. The logger is
@@ -16,9 +57,10 @@ var discardLogger = slog.New(slog.DiscardHandler)
 // a logger that calls Stop does not wait for itself. The caller holds no MQ
 // lock (under the write lock, use logHeld). Logging happens only on
 // failures, so the goroutine (about a microsecond) is off the delivery path;
-// the default logger, which discards, costs nothing.
+// a logger that discards costs nothing, nor does the default for a level it
+// drops.
 func (m *MQ) logAttrs(level slog.Level, msg string, attrs func([]slog.Attr) []slog.Attr) {
-	if m.log == discardLogger {
+	if m.quiet(level) {
 		return
 	}
 	m.own.Guard(func() {
@@ -41,18 +83,19 @@ type heldLog struct {
 
 // logHeld has unlock log msg with attrs. The caller holds the write lock.
 func (m *MQ) logHeld(level slog.Level, msg string, attrs ...slog.Attr) {
-	if m.log == discardLogger {
+	if m.quiet(level) {
 		return
 	}
 	m.held = append(m.held, heldLog{level: level, msg: msg, attrs: attrs})
 }
 
-// unlock releases the write lock, then logs what logHeld held and
-// dead-letters what restore evicted (a dead letter is a publish: it needs
-// the read lock).
+// unlock increases the topology's version (see TopologyVersion), releases
+// the write lock, then logs what logHeld held and dead-letters what restore
+// evicted (a dead letter is a publish: it needs the read lock).
 func (m *MQ) unlock() {
 	held, evicted := m.held, m.evicted
 	m.held, m.evicted = nil, nil
+	m.topologyClock().Add(1)
 	m.mu.Unlock()
 	for _, l := range held {
 		m.logAttrs(l.level, l.msg, func(a []slog.Attr) []slog.Attr { return append(a, l.attrs...) })
@@ -91,7 +134,7 @@ func newWalLogger(m *MQ) *walLogger {
 // log is called by the log's goroutines and by wal.Open; it never blocks on
 // the logger.
 func (w *walLogger) log(level slog.Level, msg string, attrs ...slog.Attr) {
-	if w.m.log == discardLogger {
+	if w.m.quiet(level) {
 		return
 	}
 	w.mu.Lock()

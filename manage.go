@@ -95,7 +95,7 @@ func (m *MQ) redeclareLocked(q *queue, exchange string, kind ExchangeType, cfg q
 // and validated cfg and hbs.
 func (m *MQ) createQueueLocked(exchange string, kind ExchangeType, name string, cfg queueConfig, hbs []headersBinding, c *consumer, concurrency int) (*queue, error) {
 	if m.engine != nil {
-		return m.createOnEngine(exchange, kind, name, cfg, c, concurrency)
+		return m.createOnEngine(exchange, kind, name, cfg, hbs, c, concurrency)
 	}
 	if cfg.durable {
 		if cfg.name == "" || m.dataDir == "" {
@@ -126,9 +126,23 @@ func (m *MQ) createQueueLocked(exchange string, kind ExchangeType, name string, 
 
 // createOnEngine is createQueueLocked on an engine. The queue is recorded,
 // without workers, so that names stay unique and Bind finds it.
-func (m *MQ) createOnEngine(exchange string, kind ExchangeType, name string, cfg queueConfig, c *consumer, concurrency int) (*queue, error) {
+func (m *MQ) createOnEngine(exchange string, kind ExchangeType, name string, cfg queueConfig, hbs []headersBinding, c *consumer, concurrency int) (*queue, error) {
 	if exchange == "" {
 		return nil, fmt.Errorf("%w: exchange name", ErrEmptyName)
+	}
+	// An engine would ignore these silently (its QueueSpec.QueueInfo has the
+	// fields, always zero): refuse them.
+	if cfg.durable { // the broker keeps the queue's messages, durable or not by its own settings
+		return nil, fmt.Errorf("%w: WithDurable", ErrUnsupported)
+	}
+	if cfg.deliveryTimeout > 0 {
+		return nil, fmt.Errorf("%w: WithDeliveryTimeout", ErrUnsupported)
+	}
+	if cfg.rate > 0 {
+		return nil, fmt.Errorf("%w: WithRateLimit", ErrUnsupported)
+	}
+	if cfg.groups {
+		return nil, fmt.Errorf("%w: WithGroupOrdering", ErrUnsupported)
 	}
 	retry := cfg.retry
 	if retry.MaxAttempts == 0 {
@@ -155,7 +169,7 @@ func (m *MQ) createOnEngine(exchange string, kind ExchangeType, name string, cfg
 	q := newQueue(m.queueSeq, name, cfg, m)
 	m.queues[name] = q
 	m.order = append(m.order, q)
-	ex.bind(q, cfg.binding, nil)
+	ex.bind(q, cfg.binding, hbs) // the mirror routes too: typed publish (see checkEnginePayloads)
 	if c != nil {
 		q.subs = []*Subscription{{m: m, q: q, c: *c, n: concurrency, done: make(chan struct{})}}
 		q.active = concurrency
@@ -244,7 +258,7 @@ func (m *MQ) DeleteQueue(name string, opts ...DeleteOption) (int, error) {
 	}
 	q.mu.Lock()
 	inUse := len(q.subs) > 0
-	nonEmpty := q.buf.n+q.batchedLocked()+q.scheduled+q.inbound > 0 || q.busy > 0 || q.inFlightLocked() > 0
+	nonEmpty := q.buf.n+q.batchedLocked()+q.scheduled+q.grouped+q.inbound > 0 || q.busy > 0 || q.inFlightLocked() > 0
 	q.mu.Unlock()
 	switch {
 	case dc.ifUnused && inUse:
@@ -305,13 +319,18 @@ func (m *MQ) deleteLocked(q *queue, expired bool) *deletion {
 	for _, s := range q.subs {
 		q.cancelLocked(s)
 	}
-	d.removed = q.buf.n + q.scheduled
+	d.removed = q.buf.n + q.scheduled + q.grouped
 	for q.buf.n > 0 {
 		e := q.popLocked()
 		if k := e.dkey(); k != "" {
 			d.keys = append(d.keys, k)
 		}
 	}
+	q.dropBacklogsLocked(func(e *entry) {
+		if k := e.dkey(); k != "" {
+			d.keys = append(d.keys, k)
+		}
+	})
 	q.scheduled = 0
 	q.gen++
 	q.idle.Store(0)
@@ -431,13 +450,18 @@ func (m *MQ) PurgeQueue(name string) (int, error) {
 	var keys []string
 	q.mu.Lock()
 	q.giveBackLocked(q.workers)
-	n := q.buf.n + q.scheduled
+	n := q.buf.n + q.scheduled + q.grouped
 	for q.buf.n > 0 {
-		e := q.popLocked()
+		e := q.popLocked() // a grouped one brings the next of its group into buf
 		if k := e.dkey(); k != "" {
 			keys = append(keys, k)
 		}
 	}
+	q.dropBacklogsLocked(func(e *entry) { // the groups whose message is out
+		if k := e.dkey(); k != "" {
+			keys = append(keys, k)
+		}
+	})
 	scheduled := q.scheduled > 0
 	q.begun.Add(uint64(q.scheduled))
 	q.scheduled = 0
@@ -447,10 +471,22 @@ func (m *MQ) PurgeQueue(name string) (int, error) {
 	q.reportIfQuiescentLocked()
 	q.mu.Unlock()
 	if scheduled {
-		for _, it := range m.sched.dropQueue(q, true) {
+		items := m.sched.dropQueue(q, true)
+		for _, it := range items {
 			if k := it.m.dkey(); k != "" {
 				keys = append(keys, k)
 			}
+		}
+		if q.cfg.groups {
+			// A retry held its group (WithGroupOrdering): the group goes on.
+			// (A retry the scheduler had already taken goes on in release.)
+			q.mu.Lock()
+			for _, it := range items {
+				if it.m.Attempt > 0 {
+					q.groupDoneLocked(it.m.Group())
+				}
+			}
+			q.mu.Unlock()
 		}
 	}
 	q.c.purged.Add(uint64(n))
@@ -515,6 +551,7 @@ func (m *MQ) setPaused(name string, paused bool) error {
 	changed := q.paused != paused
 	q.paused = paused
 	if changed {
+		m.topologyClock().Add(1) // QueueInfo.Paused
 		if paused {
 			q.giveBackLocked(q.workers)
 		}
@@ -614,6 +651,9 @@ func (m *MQ) DeleteExchange(name string, opts ...DeleteOption) error {
 		m.retiredSeqs = make(map[string]retiredSeq)
 	}
 	m.retiredSeqs[name] = retiredSeq{seq: ex.seq.Load(), reserved: ex.reserved.Load()}
+	if m.dur != nil {
+		m.dur.forgetDedup(ex) // queued under the lock, without waiting for the disk
+	}
 	return nil
 }
 

@@ -1638,3 +1638,23 @@ func topologyTorture(t *testing.T, seed uint64) {
 	t.Logf("seed %d: %d publishes to ev, %d topology calls, %d queues deleted (%d expired), %d successes",
 		seed, published.Load(), ops.Load(), s.DeletedQueues, s.ExpiredQueues, total)
 }
+
+// Shutdown before Start drops what was published to a grouped, rate-limited
+// queue with a delivery timeout, through a deduplicating exchange: every
+// message is counted undelivered, Shutdown says so, and a duplicate of an
+// accepted ID still returns nil afterwards.
+func TestShutdownBeforeStartCountsGroupedPacedAndDeduplicatedMessages(t *testing.T) {
+	m := tinymq.New(quiet())
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 2,
+		tinymq.WithQueueName("q"), tinymq.WithGroupOrdering(), tinymq.WithRateLimit(1, 1), tinymq.WithDeliveryTimeout(time.Second)))
+	for i := range 5 {
+		require.NoError(t, m.Publish("ev", i, tinymq.WithMessageGroup("g"), tinymq.WithDeduplicationID(fmt.Sprint(i))))
+	}
+	require.ErrorIs(t, m.Shutdown(context.Background()), tinymq.ErrUndelivered)
+	st := m.Stats().Queues["q"]
+	assert.Equal(t, uint64(5), st.Undelivered)
+	assertLedger(t, "q", st)
+	require.NoError(t, m.Publish("ev", 0, tinymq.WithDeduplicationID("0")), "a duplicate after the stop")
+	assert.ErrorIs(t, m.Publish("ev", 5, tinymq.WithDeduplicationID("5")), tinymq.ErrStopped)
+}

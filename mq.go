@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,16 @@ type MQ struct {
 	//     once its delivery in flight is settled, or when the stopping queue
 	//     is closed; the last of a subscription's closes its done, which
 	//     Cancel waits for. All are in wg; drain waits.
+	//   - delivery-timeout handlers (worker.go, timedOut): with
+	//     WithDeliveryTimeout only, one per call whose context ends (its
+	//     deadline, or the abort's cancel), run by context.AfterFunc. Each
+	//     joins wg on its first line (safe: the call's worker is still in wg,
+	//     waiting in timedCall.finish if the call returned) and, when the
+	//     deadline won, becomes the slot's new worker, the late call's
+	//     goroutine staying in wg and in its subscription's alive count as an
+	//     abandoned one (at most concurrency per subscription) until its
+	//     consumer returns. So Stop and Cancel wait for abandoned calls;
+	//     Shutdown's deadline bounds the wait.
 	//   - the scheduler (scheduler.run): started by Start, in wg; it ends when
 	//     drain closes schedQuit. It also deletes the queues whose
 	//     WithQueueExpiry passed (expireQueue): no queue has a goroutine or a
@@ -72,8 +83,12 @@ type MQ struct {
 	// holds the read lock across a log sync: see enqueueAdmitted), then
 	// ex.reserveMu (held across the commit of an ID reservation, with no MQ
 	// lock), then queue locks, several at once only in queue id order (see
-	// quiescent). The scheduler's lock, the durable log's d.mu, the
-	// dead-letter ring's lock and walLogger.mu are leaves: none is held while
+	// quiescent). A rate-limited worker that finds no token releases its
+	// queue's lock before it hands the scheduler its wake. The scheduler's
+	// lock, the durable log's d.mu, the
+	// dead-letter ring's lock, an exchange's dedupTable.mu (taken with no
+	// MQ lock, before and after a deduplicated publish routes: see
+	// publishOnce) and walLogger.mu are leaves: none is held while
 	// another of these locks is taken or user code runs; d.mu alone is held
 	// while the log takes an acknowledgement's batch (or a declare's, a
 	// delete's or a purge's: durableLog.deleteQueue takes the MQ's read lock
@@ -86,6 +101,11 @@ type MQ struct {
 	syncEvery time.Duration
 	repairLog bool
 	maxSize   int // WithMaxMessageSize; 0: defaultMaxMessageSize
+
+	middleware    []Middleware        // WithMiddleware, outermost first
+	pubMiddleware []PublishMiddleware // WithPublishMiddleware, outermost first
+	pubChain      PublishFunc         // pubMiddleware around publishInner (init), or nil
+	setup         []func(*MQ)         // WithSetup, run by New
 
 	initOnce sync.Once
 	own      guard.Owned // goroutine ids of the MQ's own goroutines
@@ -109,8 +129,9 @@ type MQ struct {
 	cancel        context.CancelFunc
 	stopAfter     func() bool // unregisters the stop on Start's ctx
 
-	held    []heldLog  // lines logged under the write lock, for unlock to log
-	evicted []eviction // messages restore evicted under the write lock, for unlock to dead-letter
+	held            []heldLog     // lines logged under the write lock, for unlock to log
+	evicted         []eviction    // messages restore evicted under the write lock, for unlock to dead-letter
+	topologyVersion atomic.Uint64 // see TopologyVersion: increased by unlock, under the write lock
 
 	sched      *scheduler
 	wg         sync.WaitGroup // every worker, and the scheduler
@@ -130,12 +151,15 @@ type MQ struct {
 
 	dur        *durableLog // the write-ahead log once open; set under the write lock
 	anyDurable atomic.Bool // a durable queue is bound to some exchange
+
+	payloads map[*queue]reflect.Type // the payload type of each typed queue (see typeQueueLocked); under mu
 }
 
 // abortTally is what Shutdown's deadline left undone.
 type abortTally struct {
 	undelivered uint64 // accepted messages that never reached a consumer
 	inConsumers uint64 // messages in a consumer when the deadline passed
+	abandoned   uint64 // calls that outlived WithDeliveryTimeout, still running
 }
 
 // New returns an MQ with no exchanges. Publishing is possible at once; delivery
@@ -148,6 +172,11 @@ func New(opts ...Option) *MQ {
 		}
 	}
 	m.init()
+	setup := m.setup
+	m.setup = nil
+	for _, fn := range setup {
+		fn(m)
+	}
 	return m
 }
 
@@ -156,10 +185,13 @@ func New(opts ...Option) *MQ {
 func (m *MQ) init() {
 	m.initOnce.Do(func() {
 		if m.log == nil {
-			m.log = discardLogger
+			m.log = defaultLogger
 		}
 		if m.codec == nil {
 			m.codec = JSONCodec{}
+		}
+		if len(m.pubMiddleware) > 0 {
+			m.pubChain = m.publishChain()
 		}
 		m.exchanges = make(map[string]*exchange)
 		m.queues = make(map[string]*queue)
@@ -187,7 +219,9 @@ func (m *MQ) DeclareExchange(name string, kind ExchangeType, opts ...ExchangeOpt
 		if o == nil {
 			return fmt.Errorf("%w: nil ExchangeOption", ErrInvalidOption)
 		}
-		o.applyExchange(&cfg)
+		if err := o.applyExchange(&cfg); err != nil {
+			return err
+		}
 	}
 	m.mu.Lock()
 	defer m.unlock()
@@ -203,6 +237,9 @@ func (m *MQ) DeclareExchange(name string, kind ExchangeType, opts ...ExchangeOpt
 		}
 		if ex := m.exchanges[name]; ex != nil && (ex.kind != kind || ex.cfg != cfg) {
 			return fmt.Errorf("%w: %q has another kind or other options", ErrExchangeMismatch, name)
+		}
+		if cfg.dedup > 0 {
+			return fmt.Errorf("%w: WithDeduplication", ErrUnsupported)
 		}
 		if err := m.engine.DeclareExchange(ExchangeSpec{Name: name, Kind: kind, Alternate: cfg.alternate}); err != nil {
 			return err
@@ -249,6 +286,9 @@ func (m *MQ) declareLocked(name string, kind ExchangeType, cfg exchangeConfig, c
 		delete(m.retiredSeqs, name)
 	}
 	m.exchanges[name] = ex
+	if m.dur != nil {
+		m.dur.restoreDedup(ex) // WithDeduplication's IDs from before a restart
+	}
 	return ex, nil
 }
 
@@ -280,6 +320,7 @@ func (m *MQ) register(exchange string, kind ExchangeType, c consumer, concurrenc
 		return fmt.Errorf("%w: got %d, want 1 to %d", ErrInvalidConcurrency, concurrency, MaxConcurrency)
 	}
 	m.init()
+	c = m.wrapConsumer(c)
 	cfg, hbs, err := queueOptions(kind, opts)
 	if err != nil {
 		return err
@@ -297,8 +338,14 @@ func (m *MQ) register(exchange string, kind ExchangeType, c consumer, concurrenc
 	if m.queues[name] != nil {
 		return fmt.Errorf("%w: %q", ErrDuplicateQueue, name)
 	}
-	_, err = m.createQueueLocked(exchange, kind, name, cfg, hbs, &c, concurrency)
-	return err
+	if err := m.decodable(name, cfg.durable, c); err != nil {
+		return err
+	}
+	q, err := m.createQueueLocked(exchange, kind, name, cfg, hbs, &c, concurrency)
+	if err != nil {
+		return err
+	}
+	return m.typeQueueLocked(q, c) // a new queue: it takes any type
 }
 
 // Bind binds an existing queue to another exchange, declaring that exchange on
@@ -334,7 +381,7 @@ func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...BindingOpti
 		if err := m.engine.Bind(BindingSpec{Queue: queue, Exchange: exchange, Kind: kind, Keys: b.keys, Args: b.args}); err != nil {
 			return err
 		}
-		ex.bind(q, b, nil)
+		ex.bind(q, b, hbs)
 		return nil
 	}
 	ex, err := m.declareLocked(exchange, kind, exchangeConfig{}, false)
@@ -377,6 +424,9 @@ func (m *MQ) Start(ctx context.Context) error {
 		return ErrStopped
 	}
 	if m.engine != nil {
+		if m.dataDir != "" { // the broker keeps the messages: a log would be silently unused
+			return fmt.Errorf("%w: WithDataDir", ErrUnsupported)
+		}
 		if err := m.engine.Start(ctx); err != nil {
 			return err
 		}
@@ -436,8 +486,10 @@ func (m *MQ) Health() error {
 // has reached its end: delivered, or retried until it succeeded or was
 // dead-lettered (dead letters published meanwhile included), or expired. It
 // waits for messages delayed or backing off too. Then every worker has
-// returned and Stop cancels the consumers' context. It blocks for as long as
-// that takes; use [MQ.Shutdown] to bound it. Stop is idempotent and safe to
+// returned and Stop cancels the consumers' context. It waits, too, for the
+// consumer calls that [WithDeliveryTimeout] abandoned (their contexts ended
+// at their deadlines) to return. It blocks for as long as that takes; use
+// [MQ.Shutdown] to bound it. Stop is idempotent and safe to
 // call concurrently: every call returns once the MQ has stopped. Publishers
 // blocked on a full queue return [ErrStopped]. Stop before Start delivers
 // nothing: it logs how many accepted messages it dropped.
@@ -459,8 +511,13 @@ func (m *MQ) Stop() {
 // deadline. (The deadline's abort takes the MQ's write lock, so it waits for
 // a RegisterQueue, Bind or Start in progress, which may be opening a data
 // directory's log.) Workers still inside a consumer then return when the consumer
-// does; call Stop to wait for them. If nothing was lost (nothing waited and
-// no consumer was running), Shutdown returns nil even when ctx had ended.
+// does; call Stop to wait for them. Consumer calls that [WithDeliveryTimeout]
+// abandoned are waited for like workers: if some still run when ctx ends,
+// Shutdown returns an error wrapping ctx.Err() that counts them (wrapping
+// ErrUndelivered only if messages were lost too), though their messages
+// were settled at their deadlines. If nothing was lost (nothing waited, no
+// consumer was running and no abandoned call), Shutdown returns nil even
+// when ctx had ended.
 // Shutdown before Start drops what was published and returns an error
 // wrapping ErrUndelivered if that was anything. Called from a consumer, it
 // begins the stop and returns [ErrCalledFromConsumer] at once. A nil ctx is
@@ -471,6 +528,10 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 	}
 	m.init()
 	if m.engine != nil {
+		// The engine's shutdown first: a RegisterQueue or a Bind may hold
+		// the write lock while the engine waits for the broker, and the
+		// engine's shutdown ends that wait (and refuses what comes after it).
+		err := m.engine.Shutdown(ctx)
 		m.stopOnce.Do(func() {
 			m.mu.Lock()
 			m.state = stateStopping
@@ -479,7 +540,7 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 				m.stopAfter()
 			}
 		})
-		return m.engine.Shutdown(ctx)
+		return err
 	}
 	m.stopOnce.Do(m.beginStop)
 	if m.stoppedNew && m.loggedNew.CompareAndSwap(false, true) {
@@ -518,8 +579,14 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 		<-m.done
 		return m.stopErr
 	}
-	return fmt.Errorf("%w: %d never reached a consumer, %d were in consumers: %w",
-		ErrUndelivered, m.lost.undelivered, m.lost.inConsumers, ctx.Err())
+	if m.lost.undelivered == 0 && m.lost.inConsumers == 0 {
+		// Only abandoned calls (WithDeliveryTimeout) still run: their
+		// messages have reached their end, but their goroutines have not.
+		return fmt.Errorf("tinymq: %d consumer calls abandoned after their delivery timeout still run: %w",
+			m.lost.abandoned, ctx.Err())
+	}
+	return fmt.Errorf("%w: %d never reached a consumer, %d were in consumers, %d abandoned calls still run: %w",
+		ErrUndelivered, m.lost.undelivered, m.lost.inConsumers, m.lost.abandoned, ctx.Err())
 }
 
 // abortAll aborts every queue and returns what was lost. It holds the write
@@ -535,6 +602,9 @@ func (m *MQ) abortAll() abortTally {
 		undelivered, running := q.abort()
 		total.undelivered += undelivered
 		total.inConsumers += running
+		q.mu.Lock()
+		total.abandoned += uint64(q.abandoned)
+		q.mu.Unlock()
 	}
 	for _, q := range m.deleted { // a deleted queue's deliveries still in flight
 		total.inConsumers += q.inFlight()

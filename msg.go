@@ -49,6 +49,7 @@ type msgExt struct {
 	lastErr error  // the consumer's last error, kept for a later death
 	dkey    string // its key in the write-ahead log, for a durable queue
 	unread  bool   // restored, with its value still in the log (see lazyMsg)
+	group   string // WithMessageGroup's ID, or ""
 }
 
 func (m *Msg) ext() *msgExt {
@@ -90,4 +91,14 @@ func (m *Msg) clone() *Msg {
 		c.x = &x
 	}
 	return &c
+}
+
+// Group returns the group the message was published in with
+// [WithMessageGroup], or "". It is safe to call on a Msg the consumer holds,
+// and does not block.
+func (m *Msg) Group() string {
+	if m.x == nil {
+		return ""
+	}
+	return m.x.group
 }

@@ -3,6 +3,7 @@ package tinymq
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"reflect"
 	"time"
 )
@@ -41,6 +42,8 @@ type queueConfig struct {
 	dlxKey   string
 	durable  bool
 	expiry   time.Duration // WithQueueExpiry
+	flow                   // WithDeliveryTimeout, WithRateLimit
+	groups   bool          // WithGroupOrdering
 }
 
 // same reports whether c and o ask for the same queue, bindings aside: what
@@ -49,7 +52,7 @@ type queueConfig struct {
 func (c queueConfig) same(o queueConfig) bool {
 	return c.retry == o.retry && c.ttl == o.ttl && c.maxLen == o.maxLen && c.overflow == o.overflow &&
 		c.dlx == o.dlx && c.dlxKey == o.dlxKey && c.durable == o.durable && c.expiry == o.expiry &&
-		funcID(c.filter) == funcID(o.filter)
+		funcID(c.filter) == funcID(o.filter) && c.flow == o.flow && c.groups == o.groups
 }
 
 type queueOptionFunc func(*queueConfig) error
@@ -347,8 +350,11 @@ func WithMaxLen(n int, overflow Overflow) QueueOption {
 
 // WithLogger sets the logger that TinyMQ reports to what it cannot return as an
 // error: failed deliveries (with the keys exchange, queue, msg_id, err, and stack
-// for panics) and messages a shutdown left undelivered. A nil logger, like the
-// default, discards everything.
+// for panics) and messages a shutdown left undelivered. Without it (or with a
+// nil logger) warnings and errors, every message dropped or left undelivered
+// among them, go to [slog.Default]'s handler at the time of each line, and
+// lines below a warning are dropped. WithLogger(slog.New(slog.DiscardHandler))
+// discards everything.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(m *MQ) {
 		if l != nil {
@@ -386,7 +392,9 @@ func WithEngine(e Engine) Option {
 // [ErrLocked] from that call. Stop and Shutdown close it.
 //
 // With a data directory, message IDs stay unique across restarts: each
-// exchange reserves its IDs in blocks recorded in the log.
+// exchange reserves its IDs in blocks recorded in the log. An MQ on an
+// [Engine] keeps no log (the broker keeps the messages): its Start returns
+// [ErrUnsupported].
 func WithDataDir(dir string) Option {
 	return optionFunc(func(m *MQ) { m.dataDir = dir })
 }
@@ -432,7 +440,8 @@ func WithSync(d time.Duration) Option {
 // MQ's [Codec], every time, before and after a restart alike; a [Handler]
 // consumer gets its type T as on any queue. The queue needs a stable name
 // ([WithQueueName]) and the MQ a data directory; otherwise RegisterQueue
-// returns [ErrInvalidOption].
+// returns [ErrInvalidOption]. An [Engine] refuses it with [ErrUnsupported]:
+// the broker keeps the queue's messages.
 func WithDurable() QueueOption {
 	return queueOptionFunc(func(c *queueConfig) error {
 		c.durable = true
@@ -442,7 +451,7 @@ func WithDurable() QueueOption {
 
 // ExchangeOption configures an exchange in [MQ.DeclareExchange].
 type ExchangeOption interface {
-	applyExchange(*exchangeConfig)
+	applyExchange(*exchangeConfig) error
 }
 
 // WithAlternateExchange names the exchange that receives, with the same routing
@@ -450,7 +459,7 @@ type ExchangeOption interface {
 // RabbitMQ's alternate-exchange argument does. Publish returns [ErrNoRoute] only
 // when the alternate exchange cannot route it either (or does not exist).
 func WithAlternateExchange(name string) ExchangeOption {
-	return exchangeOptionFunc(func(c *exchangeConfig) { c.alternate = name })
+	return exchangeOptionFunc(func(c *exchangeConfig) error { c.alternate = name; return nil })
 }
 
 // PublishOption configures one Publish call. Options are plain values, so
@@ -509,4 +518,175 @@ func WithExpiration(ttl time.Duration) PublishOption {
 // length limit) while it waits, and Stop waits for it.
 func WithDelay(d time.Duration) PublishOption {
 	return PublishOption{kind: optDelay, d: d}
+}
+
+// Deduplication: WithDeduplication and WithDeduplicationID.
+
+// optDedupID is WithDeduplicationID's kind, apart from the block above so
+// that options added there do not collide with it.
+const optDedupID publishOptionKind = 64
+
+// WithDeduplication makes the exchange remember, for window after it accepted
+// a message, the ID its publisher gave it with [WithDeduplicationID]: a
+// Publish of an ID accepted within the window returns nil without routing
+// the message again, and counts in [ExchangeStats].Duplicates, so that a
+// producer that retries after a timeout or a crash sees success and creates
+// no duplicate. The window counts from when the first publish was accepted.
+//
+// Memory is bounded: the exchange remembers at most 65536 IDs (plus one for
+// each publish of a new ID still under way), each costing about 100 bytes
+// plus its length; past that bound the oldest ID is forgotten before its
+// window ends, and a retry of it is routed again. A publish that failed
+// (Publish returned an error) leaves no ID behind.
+//
+// With a data directory ([WithDataDir]) the ID of a message that reached a
+// durable queue is written to the log in the same record as the message, so
+// that the window survives a restart or a crash: a retry after the restart,
+// once the exchange is declared again with WithDeduplication, is a
+// duplicate. The ID of a message that reached only in-memory queues is kept in
+// memory only: that message does not survive a restart either, so a retry
+// after the restart publishes it again.
+//
+// window must be positive; DeclareExchange returns [ErrInvalidOption]
+// otherwise, and [ErrUnsupported] on an [Engine]. Declaring the exchange
+// again with another window returns [ErrExchangeMismatch].
+func WithDeduplication(window time.Duration) ExchangeOption {
+	return exchangeOptionFunc(func(c *exchangeConfig) error {
+		if window <= 0 {
+			return fmt.Errorf("%w: deduplication window %v", ErrInvalidOption, window)
+		}
+		c.dedup = window
+		return nil
+	})
+}
+
+// WithDeduplicationID gives the message an ID, 1 to 255 bytes, that its
+// exchange ([WithDeduplication]) routes at most once within its window: a
+// Publish of an ID already accepted returns nil and routes nothing. Two
+// concurrent publishes of one ID route it once: the second waits for the
+// first (until its ctx ends) and returns nil once the first is accepted; if
+// the first failed, the second is routed in its turn and returns its own
+// outcome. Publish returns [ErrInvalidOption] for an empty or longer ID, or
+// for an exchange without WithDeduplication (routing it anyway would break
+// the promise the producer relies on), and [ErrUnsupported] on an [Engine].
+func WithDeduplicationID(id string) PublishOption {
+	return PublishOption{kind: optDedupID, key: id}
+}
+
+// Delivery timeout and rate limit: the options that pace a queue's
+// consumers.
+
+// flow is what WithDeliveryTimeout and WithRateLimit ask of a queue.
+type flow struct {
+	deliveryTimeout time.Duration // WithDeliveryTimeout; 0: none
+	rate            float64       // WithRateLimit: deliveries per second; 0: no limit
+	burst           int           // WithRateLimit's burst
+}
+
+// WithDeliveryTimeout gives each delivery d to complete: the consumer's
+// context has a deadline d after the call begins, and a consumer that has
+// not returned by then has failed with an error wrapping
+// [ErrDeliveryTimeout]. The queue's retry policy then applies, and
+// dead-lettering after the last attempt, as for any failure; what the late
+// call returns is ignored (it is not acknowledged, nor logged). A consumer
+// that returns once its deadline passed has failed with ErrDeliveryTimeout
+// too, even when it returns nil; when its return is seen before the
+// deadline's own handler fails the call, the error also wraps what it
+// returned (such as ctx.Err()), otherwise only ErrDeliveryTimeout. The
+// consumer's *Msg is a copy of its own: what the late call does with it
+// never reaches the MQ.
+//
+// In a queue with [WithGroupOrdering], a timed-out message has ended its
+// turn: its retry, or the next message of its group, may run while the
+// abandoned call still does. A consumer that needs one call at a time per
+// group must watch its context.
+//
+// The late call is abandoned, not killed (Go cannot stop a goroutine): a new
+// goroutine takes its worker slot, so the queue keeps its concurrency, while
+// the old one ends when its consumer returns. A consumer should therefore
+// watch its context. Each subscription keeps at most as many abandoned calls
+// as it has workers; past that bound, a call that times out still fails at
+// d, but its worker waits for it to return before it takes another message.
+// [QueueStats].Abandoned shows the calls abandoned now, and TimedOut counts
+// the timeouts. [MQ.Stop] and [Subscription.Cancel] wait for the abandoned
+// calls to return, as they wait for any consumer; [MQ.Shutdown]'s deadline
+// bounds that wait, and Shutdown then reports them in its error.
+//
+// A queue without this option has no timer and no goroutine per delivery.
+// d must be positive; an [Engine] refuses it with [ErrUnsupported].
+func WithDeliveryTimeout(d time.Duration) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: delivery timeout %v", ErrInvalidOption, d)
+		}
+		c.deliveryTimeout = d
+		return nil
+	})
+}
+
+// WithRateLimit lets the queue's deliveries begin at most perSecond times a
+// second, with bursts of up to burst: a token bucket, full at first, that
+// holds burst tokens and gains perSecond of them a second; each delivery
+// (retries included) takes one. It limits the queue as a whole, whatever its
+// concurrency and number of consumers. A worker that finds no token waits,
+// and messages wait in the queue meanwhile: their TTLs run, and an expired
+// head is dead-lettered as usual. The limit costs no goroutine and no timer
+// of its own: the MQ's scheduler wakes the queue when the next token is
+// due. A rate-limited queue hands out one message at a time, as a queue
+// with a TTL does.
+//
+// perSecond must be positive and finite, and burst at least 1; otherwise
+// RegisterQueue returns [ErrInvalidOption]. An [Engine] refuses it with
+// [ErrUnsupported].
+func WithRateLimit(perSecond float64, burst int) QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		if !(perSecond > 0) || math.IsInf(perSecond, 1) {
+			return fmt.Errorf("%w: rate limit %v a second", ErrInvalidOption, perSecond)
+		}
+		if burst < 1 {
+			return fmt.Errorf("%w: rate limit burst %d", ErrInvalidOption, burst)
+		}
+		c.rate, c.burst = perSecond, burst
+		return nil
+	})
+}
+
+// Message groups (WithMessageGroup, WithGroupOrdering).
+
+// maxGroupLen is the longest group ID WithMessageGroup takes, in bytes.
+const maxGroupLen = 255
+
+// optGroup is WithMessageGroup's kind, apart from the kinds above so that
+// their blocks do not collide.
+const optGroup publishOptionKind = 65
+
+// WithMessageGroup puts the message in group id (1 to 255 bytes; Publish
+// refuses any other with [ErrInvalidOption]). A queue with
+// [WithGroupOrdering] hands the messages of one group over one at a time, in
+// publish order; any other queue ignores the group, and every consumer sees
+// it in [Msg.Group].
+func WithMessageGroup(id string) PublishOption {
+	return PublishOption{kind: optGroup, key: id}
+}
+
+// WithGroupOrdering orders the queue's messages by group ([WithMessageGroup]):
+// the messages of one group are handed over one at a time, in publish order,
+// retries included, so that a message that fails and waits for its retry
+// holds back the later messages of its group (and only those) until it has
+// succeeded, been dead-lettered or dropped. Different groups are delivered in
+// parallel across the queue's workers, and messages without a group as in
+// any queue. A queue with no consumer, or paused, keeps its groups waiting;
+// a durable queue keeps each group's order across a restart. A message
+// published [WithDelay] joins its group when its delay ends, behind the
+// messages of the group that joined before. Workers of such a queue take one
+// message at a time. A message behind an earlier one of its
+// group is not yet at the front of the queue: its TTL ([WithMessageTTL],
+// [WithExpiration]) is checked when it is its group's next and reaches the
+// front, as RabbitMQ checks TTLs only at the head of a queue. An [Engine]
+// refuses it with [ErrUnsupported].
+func WithGroupOrdering() QueueOption {
+	return queueOptionFunc(func(c *queueConfig) error {
+		c.groups = true
+		return nil
+	})
 }

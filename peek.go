@@ -14,8 +14,9 @@ import (
 // delay or a retry are not, since they are not in line yet. A copy shares
 // nothing the queue's message holds but Data: its Headers and Deaths are its
 // own. A durable queue's messages are read from the log (one read each). It
-// blocks only on those reads, works in every state (after Stop it shows what
-// Stop left), and returns [ErrUnknownQueue] for a queue that does not exist
+// blocks only on those reads, works in every state (after Stop it shows
+// nothing: Stop counted what it could not deliver as undelivered, and a
+// durable queue's stays in the log, where [OpenDataDir] reads it), and returns [ErrUnknownQueue] for a queue that does not exist
 // and [ErrInvalidOption] for a negative n. An [Engine] refuses it with
 // [ErrUnsupported].
 func (m *MQ) Peek(queue string, n int) ([]*Msg, error) {
@@ -73,6 +74,7 @@ func (q *queue) headLocked(n int) (head []entry, wake bool) {
 		out = append(out, *e)
 		return true
 	})
+	out = q.backlogLocked(out, n) // the groups' backlogs wait too
 	return out, wake
 }
 

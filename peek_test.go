@@ -116,3 +116,46 @@ func TestPeekReadsADurableQueueFromTheLog(t *testing.T) {
 	assert.Equal(t, 3, m.Stats().Queues["q"].Depth, "still waiting")
 	stopWithin(t, m)
 }
+
+// After Stop, Peek shows nothing: Stop counted what it could not deliver (in
+// a queue with no consumer, or a paused one) as undelivered, and a durable
+// queue's messages stay in the log, where OpenDataDir reads them.
+func TestPeekAfterStopShowsNothing(t *testing.T) {
+	for _, mode := range []string{"no consumer", "paused", "durable, no consumer"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			m := tinymq.New(quiet(), tinymq.WithDataDir(dir))
+			var opts []tinymq.QueueOption
+			if mode == "durable, no consumer" {
+				opts = append(opts, tinymq.WithDurable())
+			}
+			require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, opts...))
+			if mode == "paused" {
+				_, err := m.Consume("q", failing, 1)
+				require.NoError(t, err)
+				require.NoError(t, m.PauseQueue("q"))
+			}
+			require.NoError(t, m.Start(context.Background()))
+			for i := range 3 {
+				require.NoError(t, m.Publish("ev", i))
+			}
+			before, err := m.Peek("q", 10)
+			require.NoError(t, err)
+			assert.Len(t, before, 3)
+			stopWithin(t, m)
+			assert.Equal(t, uint64(3), m.Stats().Queues["q"].Undelivered)
+			after, err := m.Peek("q", 10)
+			require.NoError(t, err)
+			assert.Empty(t, after, "Peek after Stop")
+			if mode != "durable, no consumer" {
+				return
+			}
+			dd, err := tinymq.OpenDataDir(dir)
+			require.NoError(t, err)
+			defer dd.Close()
+			n := 0
+			require.NoError(t, dd.Messages("q", func(*tinymq.Msg) bool { n++; return true }))
+			assert.Equal(t, 3, n, "the durable queue's messages stay in the log")
+		})
+	}
+}

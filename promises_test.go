@@ -189,6 +189,35 @@ var promises = []struct {
 		"TestHealthSaysWhetherTheMQIsReady",
 	}},
 
+	// Job queue features
+	{"WithDeliveryTimeout: a consumer that has not returned d after it began has failed with ErrDeliveryTimeout (a late nil too); a fresh worker takes its slot, so the pool keeps its size; abandoned calls are bounded, in Stats, and waited for by Stop within Shutdown's deadline", []string{
+		"TestDeliveryTimeoutFailsTheCallAtItsDeadlineAndKeepsThePoolsSize", "TestDeliveryTimeoutLateNilIsNoSuccess",
+		"TestDeliveryTimeoutAbandonedCallOwnsItsMsg", "TestStopWaitsForAbandonedCalls", "TestShutdownDeadlineHoldsWithAbandonedCalls",
+	}},
+	{"WithMessageGroup + WithGroupOrdering: one message of a group at a time, in publish order, retries included; other groups run in parallel; order survives a restart", []string{
+		"TestGroupOrderingThousandGroupsKeepTheirPaceAndOrderWhileOneIsHeld", "TestGroupOrderingThousandGroupsKeepTheirOrderAcrossARestart",
+		"TestGroupOrderingRetryHoldsBackOnlyItsGroup",
+	}},
+	{"WithDeduplicationID + WithDeduplication: a publish whose ID the exchange accepted within the window returns nil and routes nothing; bounded; durable across kill -9", []string{
+		"TestDeduplicationRoutesAnIDOnceWithinTheWindow", "TestDeduplicationSurvivesAKill", "TestDeduplicationMemoryIsBounded",
+		"TestDeduplicationForgetsTheIDOfEveryFailedPublish",
+	}},
+	{"WithRateLimit: deliveries begin at most at that rate; TTLs go on while messages wait for a token", []string{
+		"TestRateLimitHoldsItsRateWithin5PercentOver10Seconds", "TestRateLimitLetsTTLsExpireWhileMessagesWaitForAToken",
+	}},
+	{"Typed publish: a queue of a typed consumer takes only T, other data refused at Publish with ErrPayloadType, all or nothing, the same in memory and durable", []string{
+		"TestTypedPublishRefusesDataOfAnotherType", "TestTypedPublishIsAllOrNothing", "TestTypedPublishInMemoryAndDurableQueuesAgree",
+	}},
+	{"The job features together keep the ledger", []string{"TestTimeoutRateLimitAndDedupTortureKeepsTheLedger"}},
+	// Middleware, defaults
+	{"WithMiddleware wraps every consumer of every form, WithPublishMiddleware every publish; first outermost; guarded as user code", []string{
+		"TestMiddlewareWrapsEveryConsumerForm", "TestPublishMiddlewareAddsHeadersAndSeesTheOutcome",
+		"TestMiddlewarePanicFailsOneDelivery", "TestPublishMiddlewareIsCheckedAndGuarded",
+	}},
+	{"Without WithLogger, a drop, a dead letter and an undelivered message go to slog.Default as warnings or errors", []string{
+		"TestDefaultLoggerShowsLossesOnSlogDefault",
+	}},
+	{"The quick start compiles and runs as written", []string{"TestReadmeQuickStartIsTheProgramCIRuns"}},
 	// Durability
 	{"A Publish that reached a durable queue returned nil only once the message was on disk", []string{
 		"TestDurableMessagesSurviveARestart", "TestDurablePublishHoldsNoLockAcrossItsSync", "TestCrash",

@@ -31,34 +31,60 @@ func (m *MQ) Publish(exchange string, data any, opts ...PublishOption) error {
 // ([ErrQueueFull], wrapping ctx.Err() when waiting for room ended); an option
 // is invalid ([ErrKeyTooLong], [ErrInvalidHeaders], [ErrInvalidOption]); the
 // message is larger than [WithMaxMessageSize] allows ([ErrTooLarge]); a
-// filter panics ([*PanicError]); or Stop has begun ([ErrStopped]). Publishing
-// before Start is allowed: the message waits for Start. It is safe for
-// concurrent use.
+// filter panics ([*PanicError]); a matching queue of a typed consumer
+// ([RegisterHandler] and its kin) could never take data ([ErrPayloadType]);
+// or Stop has begun ([ErrStopped]). With [WithDeduplicationID], a publish of
+// an ID that the exchange accepted within its window returns nil and routes
+// nothing (even once Stop has begun), and one of an ID whose first publish
+// is under way waits for it. Publishing before Start is allowed: the message
+// waits for Start. It is safe for concurrent use.
 func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts ...PublishOption) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
 	}
 	m.init()
-	r := records{data: data}
+	if m.pubChain != nil {
+		return m.publishThrough(ctx, exchange, data, opts)
+	}
+	r := records{data: data} // on the stack: publishThrough has its own
 	if len(opts) > 0 {
 		if err := r.pc.apply(opts); err != nil {
 			return err
 		}
 	}
-	if err := m.checkSize(data); err != nil { // WithMaxMessageSize, before any copy or encoding
+	return m.publishChecked(ctx, exchange, &r)
+}
+
+// publishChecked is PublishContext once the options are applied (and the
+// publish middleware has run).
+func (m *MQ) publishChecked(ctx context.Context, exchange string, r *records) error {
+	if err := m.checkSize(r.data); err != nil { // WithMaxMessageSize, before any copy or encoding
 		return err
 	}
 	if m.engine != nil {
-		return m.publishOnEngine(ctx, exchange, data, &r.pc)
+		return m.publishOnEngine(ctx, exchange, r.data, &r.pc)
 	}
+	if r.pc.dedupID != "" {
+		return m.publishOnce(ctx, exchange, r)
+	}
+	return m.publishRecords(ctx, exchange, r)
+}
+
+// publishRecords is PublishContext once the options are checked: it encodes
+// what a durable queue needs, and routes r, waiting for room as need be.
+func (m *MQ) publishRecords(ctx context.Context, exchange string, r *records) error {
 	if m.anyDurable.Load() {
-		if err := m.preEncode(exchange, data, &r.pc); err != nil {
+		r.userCode() // the codec
+		if err := m.preEncode(exchange, r.data, &r.pc); err != nil {
 			return err
 		}
 	}
 	for {
-		room, err := m.publish(exchange, &r, nil)
+		room, err := m.publish(exchange, r, nil)
 		if room == nil {
+			if len(r.evicted) > 0 {
+				r.userCode() // dead-lettering: loggers, filters and codecs
+			}
 			settleEvicted(r.evicted)
 			return err
 		}
@@ -80,12 +106,51 @@ func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc 
 	}
 	m.mu.RLock()
 	stopping := m.state >= stateStopping
+	var typeErr error
+	if !stopping {
+		typeErr = m.checkEnginePayloads(exchange, data, pc)
+	}
 	m.mu.RUnlock()
 	if stopping {
 		return ErrStopped
 	}
+	if typeErr != nil {
+		return typeErr
+	}
+	if pc.dedupID != "" {
+		return fmt.Errorf("%w: WithDeduplicationID", ErrUnsupported)
+	}
+	if pc.group != "" { // Publishing carries no group: an engine would drop it silently
+		return fmt.Errorf("%w: WithMessageGroup", ErrUnsupported)
+	}
 	return m.engine.Publish(ctx, Publishing{Exchange: exchange, RoutingKey: pc.routingKey, Headers: pc.headers,
 		Data: data, Expiration: pc.ttl, Delay: pc.delay})
+}
+
+// checkEnginePayloads is typed publish on an engine (see handler.go): the
+// broker routes, but the MQ's exchanges mirror the bindings it declared, so
+// it refuses, all or nothing, data that a typed queue of this MQ which the
+// message would reach could never take, as an in-memory publish does. (A
+// queue that another process bound is unknown here; its consumer
+// dead-letters such data.) The caller holds the read lock.
+func (m *MQ) checkEnginePayloads(exchange string, data any, pc *publishConfig) error {
+	if len(m.payloads) == 0 {
+		return nil
+	}
+	var qbuf [8]*queue
+	for cur, hops := m.exchanges[exchange], 0; cur != nil && hops <= len(m.exchanges); hops++ {
+		if dst := cur.route(pc.routingKey, pc.headers, qbuf[:0]); len(dst) > 0 {
+			if cur.typed {
+				return m.checkPayloads(dst, data)
+			}
+			return nil
+		}
+		if cur.cfg.alternate == "" {
+			return nil
+		}
+		cur = m.exchanges[cur.cfg.alternate]
+	}
+	return nil
 }
 
 // publishDead publishes a dead-lettered message with its deaths, the latest
@@ -95,11 +160,14 @@ func (m *MQ) publishOnEngine(ctx context.Context, exchange string, data any, pc 
 // isCycle), does not get its copy, and the others do. It fails only when no
 // queue gets the message.
 //
+// The copy keeps group, the message's [WithMessageGroup], so that a queue
+// with [WithGroupOrdering] behind the dead-letter exchange keeps its order.
+//
 // src, when not nil, is the durable source queue's message: its
 // acknowledgement joins the log record of a dead letter that reaches a
 // durable queue, so that the move is atomic (see deadSource).
-func (m *MQ) publishDead(exchange string, data any, key string, headers map[string]any, deaths []Death, src *deadSource) error {
-	r := records{data: data, pc: publishConfig{routingKey: key, headers: headers}, deaths: deaths}
+func (m *MQ) publishDead(exchange string, data any, key, group string, headers map[string]any, deaths []Death, src *deadSource) error {
+	r := records{data: data, pc: publishConfig{routingKey: key, headers: headers, group: group}, deaths: deaths}
 	_, err := m.publish(exchange, &r, &deadLetter{src: src})
 	settleEvicted(r.evicted)
 	return err
@@ -156,11 +224,13 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 		m.lastEx.Store(ex)
 	}
 	r.ex = ex
-	if dl == nil && ex.plain && m.dur == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 {
+	if dl == nil && ex.plain && m.dur == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 && pc.group == "" &&
+		(!ex.typed || payloadFits(ex.oneType, r.data)) { // data that does not fit takes the slow path, which says why
 		// The common case: no option, to a fanout exchange whose queues all
 		// take plain entries (see exchange.plain), with nothing to decide per
 		// queue: one ID, one entry, each queue takes it.
 		e := entry{m: ex.proto, id: ex.seq.Add(1), data: r.data}
+		r.id = e.id
 		for _, q := range ex.all {
 			if err := q.accept(e, time.Time{}, 0); err != nil {
 				m.mu.RUnlock()
@@ -193,6 +263,7 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 				msgs = append(msgs, r.msgFor(q))
 			}
 			m.mu.RUnlock()
+			r.userCode()
 			n, err := runFilters(dst, msgs)
 			m.mu.RLock()
 			if err != nil {
@@ -221,6 +292,12 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 			dst, msgs = dst[:keep], msgs[:keep]
 		}
 		if len(dst) > 0 {
+			if cur.typed && !internal { // typed publish (and replay), all or nothing: see handler.go
+				if err := m.checkPayloads(dst, r.data); err != nil {
+					m.mu.RUnlock()
+					return nil, err
+				}
+			}
 			return m.enqueue(r, dst, msgs, dl) // releases the read lock
 		}
 		if cur.cfg.alternate == "" {
@@ -250,10 +327,16 @@ type records struct {
 	n      int  // the queues it is routed to: one needs no shared record
 
 	evicted []eviction // what DropHead evicted to make room: dead-letter them after
+
+	dedup *dedupClaim // the publish's claim of its WithDeduplicationID, or nil
+	id    uint64      // the ID the exchange stamped, once it did
 }
 
 func (r *records) msgFor(q *queue) *Msg {
 	pc := &r.pc
+	if pc.group != "" {
+		return r.groupMsgFor(q)
+	}
 	if pc.ttl == 0 && pc.delay == 0 && q.takesShared() {
 		if pc.routingKey == "" && pc.headers == nil && r.deaths == nil {
 			return r.ex.proto
@@ -276,6 +359,15 @@ func (r *records) msgFor(q *queue) *Msg {
 		return &dm.Msg
 	}
 	return &Msg{Exchange: r.ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: r.data, Deaths: r.deaths}
+}
+
+// groupMsgFor is msgFor for a message with a group (WithMessageGroup): it
+// is never shared, so that every queue's Msg carries the group in its ext.
+func (r *records) groupMsgFor(q *queue) *Msg {
+	pc := &r.pc
+	m := &Msg{Exchange: r.ex.name, Queue: q.name, RoutingKey: pc.routingKey, Headers: pc.headers, Data: r.data, Deaths: r.deaths,
+		x: &msgExt{group: pc.group}}
+	return m
 }
 
 // runFilters keeps, at the front of dst and msgs, the queues whose filter (if
@@ -322,6 +414,7 @@ func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (roo
 			now = time.Now()
 		}
 		id := r.ex.seq.Add(1)
+		r.id = id
 		if m.dur != nil && m.dur.reserveDue(r.ex, id) {
 			// The ID's reservation may commit: not under the lock.
 			return m.enqueueAdmitted(r, dst, msgs, dl, id)
@@ -393,6 +486,7 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 	if id == 0 {
 		id = ex.seq.Add(1)
 	}
+	r.id = id
 	now := time.Now()
 	logged := m.dur != nil && (m.dur.reserveDue(ex, id) || slices.ContainsFunc(adm, func(q *queue) bool { return q.cfg.durable }))
 	if logged {
@@ -400,6 +494,7 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 			q.holdInbound()
 		}
 		m.mu.RUnlock()
+		r.userCode() // the codec, a logger
 		if err := m.logMessage(ex, id, now, adm, amsgs, r.data, pc, r.deaths, dl); err != nil {
 			ex.refused.Add(1)
 			unreserve(adm, true)
@@ -537,6 +632,11 @@ type publishConfig struct {
 	ttl        time.Duration
 	delay      time.Duration
 	encoded    []byte // Data already encoded for the log, or nil
+
+	dedupID     string // WithDeduplicationID, or ""
+	dedupLogged bool   // logMessage wrote dedupID's i/ record with the message
+
+	group string // WithMessageGroup, or ""
 }
 
 func (c *publishConfig) apply(opts []PublishOption) error {
@@ -555,6 +655,16 @@ func (c *publishConfig) apply(opts []PublishOption) error {
 			} else {
 				c.delay = o.d
 			}
+		case optDedupID:
+			if o.key == "" || len(o.key) > maxDedupIDLen {
+				return fmt.Errorf("%w: deduplication ID of %d bytes, want 1 to %d", ErrInvalidOption, len(o.key), maxDedupIDLen)
+			}
+			c.dedupID = o.key
+		case optGroup:
+			if o.key == "" || len(o.key) > maxGroupLen {
+				return fmt.Errorf("%w: message group ID of %d bytes, want 1 to %d", ErrInvalidOption, len(o.key), maxGroupLen)
+			}
+			c.group = o.key
 		default:
 			return ErrInvalidOption
 		}

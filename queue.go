@@ -28,7 +28,7 @@ const (
 // the Msg before enqueue), no TTL (enqueueLocked stamps expires on the Msg)
 // and no length limit (eviction dead-letters the Msg).
 func (q *queue) takesShared() bool {
-	return q.cfg.filter == nil && q.cfg.ttl == 0 && q.cfg.maxLen == 0 && !q.cfg.durable
+	return q.cfg.filter == nil && q.cfg.ttl == 0 && q.cfg.maxLen == 0 && !q.cfg.durable && !q.cfg.groups
 }
 
 // queue is a named buffer drained by a fixed pool of workers.
@@ -76,6 +76,15 @@ type queue struct {
 	abortLost   uint64          // what abort counted as undelivered, for drain to log
 	left        retiredCounts   // what the workers that left counted
 	inboundGone chan struct{}   // closed when a deleted queue's last inbound publish arrived (see DeleteQueue)
+	abandoned   int             // calls that outlived WithDeliveryTimeout and still run, their slots given to new goroutines
+	tokens      float64         // WithRateLimit: the bucket's tokens at tokensAt
+	tokensAt    int64           // UnixNano of the last refill of tokens
+	rateArmed   bool            // the scheduler holds a rate item: it wakes the queue when the next token is due
+
+	// WithGroupOrdering (see groups.go); nil and zeros otherwise.
+	groups   map[string]*groupState // the groups with a message out
+	grouped  int                    // messages waiting in the groups' backlogs: they count as ready
+	groupSeq uint64                 // groups given a state so far
 
 	// The workers' counters below get a cache line of their own, away from
 	// the fields publishers write under mu.
@@ -96,6 +105,7 @@ type queueCounters struct {
 	deadLettered, expired, overflowed atomic.Uint64
 	rejected, dropped, undelivered    atomic.Uint64
 	purged, removed, replayed         atomic.Uint64
+	timedOut                          atomic.Uint64 // WithDeliveryTimeout's deadline passed first
 }
 
 func newQueue(id int, name string, cfg queueConfig, mq *MQ) *queue {
@@ -104,14 +114,53 @@ func newQueue(id int, name string, cfg queueConfig, mq *MQ) *queue {
 		q.cfg.retry.MaxAttempts = 1
 	}
 	q.cond.L = &q.mu
+	q.tokens = float64(cfg.burst)
 	return q
+}
+
+// tokenLocked takes a token of WithRateLimit's bucket, after refilling it
+// from the clock, and returns 0; or, when the bucket holds less than one,
+// returns how long until it will, taking nothing. A queue without a rate
+// limit never calls it. q.mu is held.
+func (q *queue) tokenLocked() time.Duration {
+	now := time.Now().UnixNano()
+	if q.tokensAt == 0 {
+		q.tokensAt = now // the bucket starts full
+	}
+	if elapsed := now - q.tokensAt; elapsed > 0 {
+		q.tokens = min(q.tokens+float64(elapsed)/1e9*q.cfg.rate, float64(q.cfg.burst))
+		q.tokensAt = now
+	}
+	const slack = 1e-9 // float rounding must not make a due token wait for another wake
+	if q.tokens >= 1-slack {
+		q.tokens--
+		return 0
+	}
+	// A rate so small that the wait is past what a Duration holds waits
+	// "forever" (292 years), saturating instead of overflowing into a
+	// negative wait that would wake the queue every nanosecond.
+	w := math.Ceil((1 - q.tokens) / q.cfg.rate * 1e9)
+	if w >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return max(time.Duration(w), 1)
+}
+
+// rateWake is the scheduler's wake of a rate-limited queue whose next token
+// is due: a parked worker takes it (see take).
+func (q *queue) rateWake() {
+	q.mu.Lock()
+	q.rateArmed = false
+	wake := q.wakeForLocked(q.buf.n)
+	q.mu.Unlock()
+	q.wakeAfter(wake, 0)
 }
 
 // fullLocked reports whether the queue is at its length limit, counting the
 // room held for publishes under way. Bounded queues take one message at a
 // time, so no batch holds waiting messages. q.mu is held.
 func (q *queue) fullLocked() bool {
-	return q.cfg.maxLen > 0 && q.buf.n+q.scheduled+q.reserved >= q.cfg.maxLen
+	return q.cfg.maxLen > 0 && q.buf.n+q.scheduled+q.reserved+q.grouped >= q.cfg.maxLen
 }
 
 // roomLocked returns a channel closed when the queue may have room. q.mu is held.
@@ -282,6 +331,9 @@ func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) 
 		if q.buf.n > 0 {
 			h := q.popLocked()
 			evicted = h.msg(q.name)
+		} else if h, ok := q.evictBacklogLocked(); ok {
+			// Every ready message waits behind its group: the oldest of them goes.
+			evicted = h.msg(q.name)
 		} else {
 			// Every message waits in the scheduler: the newcomer is the one to go.
 			q.accepted++
@@ -297,8 +349,11 @@ func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) 
 		e.m.ext().expires = deadline(now, sat(delay, ttl))
 	}
 	if delay > 0 {
-		q.scheduled++
+		q.scheduled++ // a grouped one finds its group's place when it is due (see release)
 		return evicted, false
+	}
+	if q.cfg.groups && q.holdGroupLocked(e) {
+		return evicted, false // its group has a message out: it waits behind it
 	}
 	q.buf.push(e)
 	return evicted, q.wakeOneLocked()
@@ -338,11 +393,18 @@ func (q *queue) wakeIfWaitingLocked() bool {
 }
 
 // popLocked takes the head of buf for something other than a worker (an
-// eviction, an expiry), counting it as begun. q.mu is held; buf is not empty.
+// eviction, an expiry), counting it as begun. A grouped head was its group's
+// message out: the next of the group joins buf. q.mu is held; buf is not
+// empty.
 func (q *queue) popLocked() entry {
 	var one [1]entry
 	e := q.buf.pop(one[:0], 1)[0]
 	q.begun.Add(1)
+	if q.cfg.groups {
+		if g := e.group(); g != "" {
+			q.groupDoneLocked(g)
+		}
+	}
 	return e
 }
 
@@ -432,7 +494,7 @@ func (q *queue) quiescentLocked() bool {
 	if q.busy > 0 || q.inbound > 0 {
 		return false
 	}
-	return q.parkedLocked() || (q.buf.n == 0 && q.scheduled == 0)
+	return q.parkedLocked() || (q.buf.n == 0 && q.scheduled == 0 && q.grouped == 0)
 }
 
 // parkedLocked reports whether no consumer takes the queue's messages: it
@@ -456,10 +518,11 @@ func (q *queue) strand() int {
 	}
 	q.closed = true
 	q.shut.Store(true)
-	n := q.buf.n + q.scheduled
+	n := q.buf.n + q.scheduled + q.grouped
 	for q.buf.n > 0 {
 		q.popLocked()
 	}
+	q.dropBacklogsLocked(nil)
 	if q.scheduled > 0 {
 		q.begun.Add(uint64(q.scheduled))
 		q.scheduled = 0
@@ -490,6 +553,11 @@ func (q *queue) release(m *Msg, gen uint32) {
 		// log did not include it. An abort, or a stop's strand, leaves it
 		// in the log for the next start.
 		removed := !q.aborted && (q.gone || int32(gen-q.purgeGen) < 0)
+		if q.cfg.groups && !q.aborted && m.Attempt > 0 {
+			// A retry the purge took held its group: the group goes on. (A
+			// delayed message has not joined its group yet.)
+			q.groupDoneLocked(m.Group())
+		}
 		q.mu.Unlock()
 		if k := m.dkey(); removed && k != "" {
 			q.mq.dur.ack(q.name, k, nil)
@@ -497,6 +565,11 @@ func (q *queue) release(m *Msg, gen uint32) {
 		return
 	}
 	q.scheduled--
+	if q.cfg.groups && m.Attempt == 0 && q.holdGroupLocked(entry{m: m}) {
+		// A delayed message whose group has a message out: it waits behind it.
+		q.mu.Unlock()
+		return
+	}
 	q.buf.push(entry{m: m})
 	wake := q.wakeOneLocked()
 	expiry := q.armExpiryLocked()
@@ -570,6 +643,7 @@ func (q *queue) abort() (undelivered, running uint64) {
 	q.aborted, q.closed = true, true
 	q.shut.Store(true)
 	q.buf.clear()
+	q.groups, q.grouped = nil, 0 // entered counted the backlogs: undelivered below
 	q.scheduled = 0
 	q.idle.Store(0)
 	q.waking = 0
@@ -646,8 +720,15 @@ var (
 // evicted are returned for the caller to dead-letter once the MQ's lock is
 // released, and the entries due later for it to hand to the scheduler.
 // entries runs under q.mu: it only builds entries.
+//
+// With WithGroupOrdering, entries come in publish order, and each group's
+// message that was retrying (its group's message out when the log was last
+// written) goes first, so that its group's later messages wait behind it.
 func (q *queue) restore(entries iter.Seq2[entry, int64], now int64) (evicted []eviction, later []schedItem) {
 	q.mu.Lock()
+	if q.cfg.groups {
+		entries = retriedFirst(entries)
+	}
 	for e, due := range entries {
 		if q.cfg.overflow == DropHead && q.fullLocked() {
 			if q.buf.n > 0 {
@@ -662,8 +743,16 @@ func (q *queue) restore(entries iter.Seq2[entry, int64], now int64) (evicted []e
 		q.accepted++
 		q.entered++
 		if due > now {
+			// A retry backing off is its group's message out; a delayed
+			// message finds its group's place when it is due (see release).
+			if q.cfg.groups && e.m.Attempt > 0 && q.holdGroupLocked(e) {
+				continue
+			}
 			q.scheduled++
 			later = append(later, schedItem{due: time.Unix(0, due), q: q, m: e.m})
+			continue
+		}
+		if q.cfg.groups && q.holdGroupLocked(e) {
 			continue
 		}
 		q.buf.push(e)
@@ -672,4 +761,27 @@ func (q *queue) restore(entries iter.Seq2[entry, int64], now int64) (evicted []e
 	q.mu.Unlock()
 	q.wakeAfter(false, expiry)
 	return evicted, later
+}
+
+// retriedFirst yields the grouped entries of entries that were retrying
+// (attempted before the restart) first, then the others, each in its order.
+func retriedFirst(entries iter.Seq2[entry, int64]) iter.Seq2[entry, int64] {
+	type pending struct {
+		e   entry
+		due int64
+	}
+	var all []pending
+	for e, due := range entries {
+		all = append(all, pending{e, due})
+	}
+	retried := func(p *pending) bool { return p.e.m.Attempt > 0 && p.e.group() != "" }
+	return func(yield func(entry, int64) bool) {
+		for _, first := range []bool{true, false} {
+			for i := range all {
+				if retried(&all[i]) == first && !yield(all[i].e, all[i].due) {
+					return
+				}
+			}
+		}
+	}
 }

@@ -10,7 +10,8 @@ import (
 
 // scheduler holds the messages that wait for a delay or a retry backoff, and
 // moves each into its queue when due; it also wakes queues whose head message
-// expires (an item with no message). One goroutine, run, owns the timer; it
+// expires (an item with no message), and rate-limited queues whose next token
+// is due (rate). One goroutine, run, owns the timer; it
 // is started by Start and joined by Stop. Its lock is never held with a
 // queue's: run releases it before it calls into a queue, and queues call add
 // after releasing theirs.
@@ -28,6 +29,7 @@ type schedItem struct {
 	// since took it (see queue.release).
 	gen    uint32
 	expire bool // check whether q has been unused for its WithQueueExpiry
+	rate   bool // q's next WithRateLimit token is due: wake a worker
 }
 
 type schedHeap []schedItem
@@ -110,6 +112,8 @@ func (s *scheduler) run(quit <-chan struct{}, wg *sync.WaitGroup, own *guard.Own
 			switch {
 			case it.expire:
 				it.q.mq.expireQueue(it.q)
+			case it.rate:
+				it.q.rateWake()
 			case it.m == nil:
 				it.q.expireHead()
 			default:

@@ -28,6 +28,11 @@ type ExchangeStats struct {
 	Published uint64
 	// Unroutable counts the publishes refused with [ErrNoRoute].
 	Unroutable uint64
+
+	// Duplicates counts the publishes that returned nil without routing
+	// anything, since [WithDeduplication] found their [WithDeduplicationID]
+	// accepted within the window; they are not in Published.
+	Duplicates uint64
 }
 
 // QueueStats counts what happened in one queue. Every accepted message ends
@@ -109,6 +114,14 @@ type QueueStats struct {
 	// registers the queue WithDurable gets them.
 	Stored int
 
+	// Abandoned is how many consumer calls outlived [WithDeliveryTimeout]
+	// and still run, their worker slots taken by new goroutines (each
+	// subscription at most as many as it has workers; a cancelled
+	// subscription's stay counted until they return), and TimedOut counts the deliveries that failed
+	// with [ErrDeliveryTimeout] (each also counts in Failed).
+	Abandoned int
+	TimedOut  uint64
+
 	// ConsumerTime summarizes how long the consumer took, from a sample of
 	// the calls (every call when the queue is not busy).
 	ConsumerTime DurationStats
@@ -138,36 +151,28 @@ func (m *MQ) Stats() Stats {
 		Queues:    make(map[string]QueueStats, len(m.order)),
 	}
 	for name, ex := range m.exchanges {
-		s.Exchanges[name] = ExchangeStats{Kind: ex.kind, Published: ex.seq.Load() - ex.base - ex.refused.Load(), Unroutable: ex.unroutable.Load()}
+		s.Exchanges[name] = exchangeStats(ex)
 	}
+	stored, unregistered := m.durableQueuesLocked()
 	for _, q := range m.order {
-		s.Queues[q.name] = q.stats()
+		qs := q.stats()
+		qs.Stored = stored[q.name]
+		s.Queues[q.name] = qs
 	}
 	s.Deleted = m.deletedStats(false)
 	s.DeletedQueues, s.ExpiredQueues = m.deletedQueues, m.expiredQueues
-	if m.dur != nil {
-		for name, n := range m.dur.unregistered() {
-			if qs, ok := s.Queues[name]; ok {
-				qs.Stored = n
-				s.Queues[name] = qs
-			} else {
-				s.Queues[name] = QueueStats{Depth: n, Ready: n, Durable: true, Unregistered: true}
-			}
-		}
-		for _, name := range m.dur.declaredQueues() { // declared, with no message in the log
-			if _, ok := s.Queues[name]; !ok {
-				s.Queues[name] = QueueStats{Durable: true, Unregistered: true}
-			}
-		}
+	for _, u := range unregistered {
+		s.Queues[u.name] = u.stats
 	}
 	return s
 }
 
 func (q *queue) stats() QueueStats {
 	q.mu.Lock()
-	qs := QueueStats{Ready: q.buf.n + q.batchedLocked(), Scheduled: q.scheduled, Accepted: q.accepted,
+	qs := QueueStats{Ready: q.buf.n + q.batchedLocked() + q.grouped, Scheduled: q.scheduled, Accepted: q.accepted,
 		Consumers: len(q.subs), Paused: q.paused}
 	qs.InFlight = int(q.inFlightLocked())
+	qs.Abandoned = q.abandoned
 	c := &q.c
 	// What ended is read before what began, so that no snapshot shows more
 	// ended than delivered.
@@ -180,6 +185,7 @@ func (q *queue) stats() QueueStats {
 	qs.Overflowed, qs.Rejected, qs.Dropped = c.overflowed.Load(), c.rejected.Load(), c.dropped.Load()
 	qs.Undelivered = c.undelivered.Load()
 	qs.Purged, qs.Removed, qs.Replayed = c.purged.Load(), c.removed.Load(), c.replayed.Load()
+	qs.TimedOut = c.timedOut.Load()
 	qs.ConsumerTime = q.hist.snapshot()
 	return qs
 }
@@ -205,6 +211,8 @@ func (s *QueueStats) add(o QueueStats) {
 	s.Purged += o.Purged
 	s.Removed += o.Removed
 	s.Replayed += o.Replayed
+	s.Abandoned += o.Abandoned
+	s.TimedOut += o.TimedOut
 }
 
 // deletedStats returns the counts of every deleted queue, added up, and
@@ -222,7 +230,7 @@ func (m *MQ) deletedStats(fold bool) QueueStats {
 		// the queue is folded only once every message it accepted has
 		// ended; after that nothing can change its counts.
 		q.mu.Lock()
-		settled := len(q.workers) == 0 && q.inbound == 0
+		settled := len(q.workers) == 0 && q.inbound == 0 && q.abandoned == 0
 		q.mu.Unlock()
 		qs := q.stats()
 		sum.add(qs)

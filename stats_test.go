@@ -365,3 +365,50 @@ func TestStatsReconcile(t *testing.T) {
 		assert.LessOrEqual(t, ct.P99, ct.Max)
 	})
 }
+
+// QueueStats.Abandoned is bounded per subscription, each at most as many
+// abandoned calls as it has workers; a cancelled subscription's abandoned
+// calls stay counted until they return, so that the queue's count may
+// exceed the concurrency it has now.
+func TestAbandonedIsBoundedPerSubscription(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const d = time.Second
+		release := make(chan struct{})
+		hold := func(context.Context, *tinymq.Msg) error { <-release; return nil } // ignores ctx
+		m := tinymq.New(quiet())
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithDeliveryTimeout(d)))
+		sub1, err := m.Consume("q", hold, 2)
+		require.NoError(t, err)
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		require.NoError(t, m.Publish("ev", 2))
+		time.Sleep(d + d/2)
+		synctest.Wait()
+		require.Equal(t, 2, m.Stats().Queues["q"].Abandoned, "both of sub1's workers abandoned a call")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		assert.ErrorIs(t, sub1.Cancel(ctx), context.DeadlineExceeded, "Cancel waits for the abandoned calls")
+		cancel()
+		assert.Equal(t, 2, m.Stats().Queues["q"].Abandoned, "the cancelled subscription's calls stay counted")
+
+		_, err = m.Consume("q", hold, 1)
+		require.NoError(t, err)
+		require.NoError(t, m.Publish("ev", 3))
+		time.Sleep(d + d/2)
+		synctest.Wait()
+		require.NoError(t, m.Publish("ev", 4)) // past the new subscription's bound: its worker waits
+		time.Sleep(d + d/2)
+		synctest.Wait()
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, uint64(4), st.TimedOut)
+		assert.Equal(t, 3, st.Abandoned, "two of the cancelled subscription's, one of the new one's")
+		info, ok := queueInfo(m.Topology(), "q")
+		require.True(t, ok)
+		assert.Equal(t, 1, info.Concurrency, "the queue's concurrency now")
+
+		close(release)
+		synctest.Wait()
+		assert.Zero(t, m.Stats().Queues["q"].Abandoned)
+		m.Stop()
+		assertLedger(t, "q", m.Stats().Queues["q"])
+	})
+}

@@ -21,7 +21,8 @@ type Subscription struct {
 	// Under q.mu:
 	cancelled bool
 	started   bool          // its workers' goroutines were started
-	alive     int           // its workers' goroutines that have not ended
+	alive     int           // its workers' goroutines that have not ended, abandoned ones included
+	abandoned int           // goroutines whose call outlived WithDeliveryTimeout, another having taken their slot; at most n
 	done      chan struct{} // closed when the last of them ended (or none was started)
 }
 
@@ -43,8 +44,11 @@ func (m *MQ) Consume(queue string, consumer ConsumerFunc, concurrency int) (*Sub
 
 // ConsumeHandler is [MQ.Consume] for a consumer of one payload type, as
 // [RegisterHandler] is [MQ.RegisterQueue]: a delivery whose Data is already a
-// T allocates nothing, and Data of another type fails with a [Permanent]
-// error wrapping [ErrPayloadType]. A nil fn is [ErrNilConsumer].
+// T allocates nothing. The queue then takes only T: a Publish of data that
+// can never be a T is refused with [ErrPayloadType]; a message that waited
+// in the queue before (or a dead letter routed to it) of another type fails
+// with a [Permanent] error wrapping ErrPayloadType. A nil fn is
+// [ErrNilConsumer].
 func ConsumeHandler[T any](m *MQ, queue string, fn func(ctx context.Context, v T) error, concurrency int) (*Subscription, error) {
 	if fn == nil {
 		return nil, ErrNilConsumer
@@ -71,6 +75,7 @@ func (m *MQ) consume(name string, c consumer, concurrency int) (*Subscription, e
 		return nil, fmt.Errorf("%w: got %d, want 1 to %d", ErrInvalidConcurrency, concurrency, MaxConcurrency)
 	}
 	m.init()
+	c = m.wrapConsumer(c)
 	m.mu.Lock()
 	defer m.unlock()
 	if m.state >= stateStopping {
@@ -79,6 +84,9 @@ func (m *MQ) consume(name string, c consumer, concurrency int) (*Subscription, e
 	q := m.queues[name]
 	if q == nil {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownQueue, name)
+	}
+	if err := m.typeQueueLocked(q, c); err != nil { // typed publish: see handler.go
+		return nil, err
 	}
 	if m.engine != nil {
 		es, err := m.engine.Consume(name, c.fn, concurrency)
@@ -202,6 +210,7 @@ func (q *queue) removeSub(s *Subscription) bool {
 		return false
 	}
 	q.cancelLocked(s)
+	q.mq.topologyClock().Add(1) // QueueInfo.Consumers and Concurrency
 	if len(q.subs) == 0 {
 		q.usedAt = time.Now().UnixNano()
 	}

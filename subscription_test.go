@@ -338,6 +338,8 @@ func TestTypedConsumeForms(t *testing.T) {
 	retry := tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})
 	require.NoError(t, m.DeclareQueue("h", "ev", tinymq.Fanout, retry, tinymq.WithDeadLetter("dlx", "")))
 	require.NoError(t, m.DeclareQueue("d", "ev", tinymq.Fanout, retry, tinymq.WithDeadLetter("dlx", "")))
+	// Accepted before the queues know their type; after, Publish refuses it.
+	require.NoError(t, m.Publish("ev", "not a *numbered"))
 	values := make(chan int, 10)
 	_, err := tinymq.ConsumeHandler(m, "h", func(_ context.Context, p *numbered) error {
 		values <- p.N
@@ -361,7 +363,7 @@ func TestTypedConsumeForms(t *testing.T) {
 	assert.Equal(t, "v", d.Headers["k"])
 	assert.NotZero(t, d.ID)
 
-	require.NoError(t, m.Publish("ev", "not a *numbered"))
+	require.ErrorIs(t, m.Publish("ev", "not a *numbered"), tinymq.ErrPayloadType)
 	for _, msg := range recv(t, dead, 2) {
 		require.Len(t, msg.Deaths, 1)
 		assert.Contains(t, msg.Deaths[0].LastError, tinymq.ErrPayloadType.Error())

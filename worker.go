@@ -18,13 +18,21 @@ import (
 // ends the goroutine with runtime.Goexit (as t.FailNow does) fails its
 // message, and a new goroutine takes over the slot, so the queue keeps its
 // workers.
+//
+// With [WithDeliveryTimeout], a goroutine whose consumer call outlived its
+// deadline may be abandoned (see timedOut): another goroutine took the slot,
+// and this one ends, without touching w again, once the consumer returns.
 func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
 	q := w.q
 	id := q.mq.own.Enter()
 	returned := false
+	abandoned := false // set by deliver: this goroutine no longer runs slot w
 	defer func() {
 		q.mq.own.Leave(id)
-		if !returned {
+		switch {
+		case abandoned:
+			q.abandonedReturned(w.sub)
+		case !returned:
 			wg.Add(1) // this goroutine has not called Done: the count is above 0
 			go w.run(ctx, wg)
 		}
@@ -43,23 +51,31 @@ func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
 			continue
 		}
 		q.wakeThief(w)
-		q.deliver(ctx, w, &e)
+		q.deliver(ctx, w, &e, &abandoned)
+		if abandoned {
+			returned = true
+			return
+		}
 	}
 }
 
 // deliver hands e's message to the consumer, unless it expired, and settles
 // the outcome. A direct consumer ([RegisterHandler]) of a shared entry gets
-// the message by value, and a Msg is made only if it fails.
-func (q *queue) deliver(ctx context.Context, w *worker, e *entry) {
+// the message by value, and a Msg is made only if it fails. With a delivery
+// timeout, deliver sets *abandoned when the call outlived it and another
+// goroutine took w's slot: the caller's goroutine must then end.
+func (q *queue) deliver(ctx context.Context, w *worker, e *entry, abandoned *bool) {
 	var m *Msg
 	if w.c.direct == nil || !e.m.shared {
 		m = e.msg(q.name)
 		if x := m.expires(); x != 0 && time.Now().UnixNano() >= x {
 			q.c.expired.Add(1)
 			q.deadLetter(m, ReasonExpired, m.lastErr())
+			q.groupEnd(m)
 			return
 		}
 		if !q.load(m) {
+			q.groupEnd(m)
 			return
 		}
 		m.Attempt++
@@ -71,7 +87,18 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry) {
 	if timed {
 		start = time.Now()
 	}
-	err := q.process(ctx, w.c, e, m)
+	var err error
+	if q.cfg.deliveryTimeout > 0 {
+		var fate int32
+		if fate, err = q.processTimed(ctx, w, e, m, abandoned); fate != callReturned {
+			// The deadline passed first: timedOut settled the message, and
+			// what the consumer did is ignored.
+			*abandoned = fate == callReplaced
+			return
+		}
+	} else {
+		err = q.process(ctx, w.c, e, m, nil, nil)
+	}
 	if timed {
 		q.hist.observe(time.Since(start))
 	}
@@ -79,6 +106,9 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry) {
 		if m != nil {
 			if k := m.dkey(); k != "" {
 				q.mq.dur.ack(q.name, k, nil) // before the count, which tests wait for
+			}
+			if q.cfg.groups {
+				q.groupEnd(m) // before the count too
 			}
 		}
 		w.succeeded.Add(1)
@@ -102,8 +132,10 @@ func (e *entry) firstMsg(queue string) *Msg {
 // m is nil) the shared entry e, turning a panic into a [*PanicError] and a
 // typed nil error into [ErrTypedNil]. If the consumer calls runtime.Goexit,
 // process settles the message itself with [ErrGoexit], as the goroutine will
-// not return to do it.
-func (q *queue) process(ctx context.Context, c consumer, e *entry, m *Msg) (err error) {
+// not return to do it. A timed call (tc, see processTimed) that Goexits after
+// its deadline passed leaves the message to timedOut, and sets *abandoned
+// when another goroutine took the slot.
+func (q *queue) process(ctx context.Context, c consumer, e *entry, m *Msg, tc *timedCall, abandoned *bool) (err error) {
 	returned := false
 	defer func() {
 		if returned {
@@ -112,6 +144,12 @@ func (q *queue) process(ctx context.Context, c consumer, e *entry, m *Msg) (err 
 		if r := recover(); r != nil {
 			err = freezer.FreezeAside(&q.mq.own, &PanicError{Value: r, Stack: debug.Stack()})
 			return
+		}
+		if tc != nil {
+			if fate := tc.finish(); fate != callReturned {
+				*abandoned = fate == callReplaced
+				return
+			}
 		}
 		if m == nil {
 			m = e.firstMsg(q.name)
@@ -141,27 +179,36 @@ var freezer = guard.Freezer[*PanicError]{TypedNil: ErrTypedNil, Permanent: ErrPe
 	Pack:   func(text string, stack []byte) *PanicError { return &PanicError{Value: text, Stack: stack} }}
 
 // settle counts a failed delivery of m (err is not nil; deliver counts the
-// successes) and decides what follows: a retry, or a dead letter.
+// successes) and decides what follows: a retry, or a dead letter. Unless m
+// waits for a retry, its group (WithGroupOrdering) goes on.
 func (q *queue) settle(m *Msg, err error) {
+	if !q.fail(m, err) {
+		q.groupEnd(m)
+	}
+}
+
+// fail is settle, but for the group: it reports whether m waits for a retry.
+func (q *queue) fail(m *Msg, err error) (retrying bool) {
 	q.c.failed.Add(1)
 	m.ext().lastErr = err
 	if q.leftOnDisk(m, err) {
-		return
+		return false
 	}
 	if q.removedInFlight(m, err) {
-		return
+		return false
 	}
 	if m.Attempt < q.cfg.retry.MaxAttempts && !guard.Is(err, ErrPermanent) {
-		q.retryLater(m, err)
-		return
+		return q.retryLater(m, err)
 	}
 	q.deadLetter(m, ReasonRejected, err)
+	return false
 }
 
-// retryLater schedules m for its next attempt after its backoff. The retry
+// retryLater schedules m for its next attempt after its backoff, and reports
+// whether it did (a deleted, aborted or full queue ends m instead). The retry
 // delivers a copy of m, as the consumer left it, so that a consumer that kept
 // m does not see it change.
-func (q *queue) retryLater(m *Msg, err error) {
+func (q *queue) retryLater(m *Msg, err error) bool {
 	backoff := q.cfg.retry.backoff(m.Attempt)
 	next := m.clone()
 	if k := m.dkey(); k != "" {
@@ -172,22 +219,23 @@ func (q *queue) retryLater(m *Msg, err error) {
 	switch {
 	case gone:
 		q.removeInFlight(m, err)
-		return
+		return false
 	case aborted:
 		q.c.undelivered.Add(1)
 		q.logFailure(m, err, slog.LevelError, "tinymq: delivery failed, no retry after the shutdown deadline")
-		return
+		return false
 	case overflow != nil:
 		q.c.overflowed.Add(1)
 		q.deadLetter(m, ReasonMaxLen, err)
-		return
+		return false
 	}
 	q.c.retried.Add(1)
-	q.logFailure(m, err, slog.LevelWarn, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
+	q.logFailure(m, err, slog.LevelInfo, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
 	if evicted != nil {
 		q.c.overflowed.Add(1)
 		q.deadLetter(evicted, ReasonMaxLen, nil)
 	}
+	return true
 }
 
 // logFailure logs what became of m, with err, the consumer's error (if any).
@@ -268,6 +316,20 @@ func (q *queue) take(w *worker) (entry, bool) {
 		// block: a parked worker never leaves a message waiting.
 		if !q.paused {
 			if q.buf.n > 0 {
+				if q.cfg.rate > 0 {
+					if wait := q.tokenLocked(); wait > 0 {
+						// WithRateLimit: no token. The scheduler wakes the
+						// queue when the next is due; until then, park.
+						if !q.rateArmed {
+							q.rateArmed = true
+							q.mu.Unlock() // the scheduler's lock is never taken with a queue's
+							q.mq.sched.add(schedItem{due: time.Unix(0, deadline(time.Now(), wait)), q: q, rate: true})
+							q.mu.Lock()
+							continue
+						}
+						goto park
+					}
+				}
 				e := q.refillLocked(w)
 				q.freeRoomLocked()
 				wake := q.wakeIfWaitingLocked()
@@ -290,6 +352,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 			q.mu.Unlock()
 			return entry{}, false
 		}
+	park:
 		q.idle.Add(1)
 		q.cond.Wait()
 		if q.waking > 0 {
@@ -322,7 +385,7 @@ func (q *queue) leaveLocked(w *worker) {
 // their counts are exact. q.mu is held and buf is not empty.
 func (q *queue) refillLocked(w *worker) entry {
 	k := 1
-	if q.cfg.ttl == 0 && q.cfg.maxLen == 0 {
+	if q.cfg.ttl == 0 && q.cfg.maxLen == 0 && q.cfg.rate == 0 && !q.cfg.groups { // a rate limit counts each delivery's token here
 		k = min(max(q.buf.n/max(q.active, 1), 1), maxBatch)
 	}
 	n := 0
@@ -448,4 +511,151 @@ func (q *queue) giveBackLocked(ws []*worker) int {
 		q.buf.pushFront(back[i].e)
 	}
 	return len(back)
+}
+
+// The fates of a timed consumer call ([WithDeliveryTimeout]), in
+// timedCall.state: still running, returned before its deadline, or timed out
+// with the slot kept (its worker waits for it) or given to a new goroutine
+// (the call is abandoned).
+const (
+	callRunning int32 = iota
+	callReturned
+	callKept
+	callReplaced
+)
+
+// timedCall is one consumer call under a delivery timeout. The worker's
+// goroutine and the deadline's handler (timedOut, run by context.AfterFunc)
+// race for it with one compare-and-swap on state: the worker settles the
+// outcome if the call returned first, the handler fails the message with
+// ErrDeliveryTimeout if the deadline came first. Only calls on a queue with
+// a delivery timeout pay for it (a context with a timer, one AfterFunc and
+// this struct); the others never reach processTimed.
+type timedCall struct {
+	state  atomic.Int32
+	ran    chan struct{} // closed when the handler has finished with the call (settled it, or lost)
+	stop   func() bool   // unregisters the handler
+	cancel context.CancelFunc
+	parent context.Context // the worker's context, for the goroutine that takes the slot
+	w      *worker
+	e      entry // a copy: the worker's own may be gone when the handler reads it
+	m      *Msg
+}
+
+// processTimed is process with a deadline q.cfg.deliveryTimeout after the
+// call begins, and returns the call's fate (see finish).
+func (q *queue) processTimed(ctx context.Context, w *worker, e *entry, m *Msg, abandoned *bool) (int32, error) {
+	// The consumer gets a Msg of its own: once its call is abandoned, the
+	// handler settles m (a retry hands it to the scheduler, then to another
+	// call) while the late call may still read and write its copy.
+	cm := m
+	if m != nil {
+		cm = m.clone()
+	}
+	dctx, cancel := context.WithTimeout(ctx, q.cfg.deliveryTimeout)
+	tc := &timedCall{ran: make(chan struct{}), cancel: cancel, parent: ctx, w: w, e: *e, m: m}
+	tc.stop = context.AfterFunc(dctx, func() { q.timedOut(dctx, tc) })
+	err := q.process(dctx, w.c, e, cm, tc, abandoned) // a Goexit calls finish in process
+	late := dctx.Err() == context.DeadlineExceeded    // read before finish cancels dctx
+	fate := tc.finish()
+	if fate == callReturned && late {
+		// It returned once its deadline had passed (an error such as
+		// ctx.Err(), or nil), before the handler could claim the call: a
+		// timeout too, whichever came first on the machine.
+		q.c.timedOut.Add(1)
+		if err == nil {
+			err = fmt.Errorf("%w: the consumer returned after %v (queue %q)", ErrDeliveryTimeout, q.cfg.deliveryTimeout, q.name)
+		} else {
+			err = fmt.Errorf("%w: the consumer returned after %v (queue %q): %w", ErrDeliveryTimeout, q.cfg.deliveryTimeout, q.name, err)
+		}
+	}
+	return fate, err
+}
+
+// finish ends the call on the worker's side and returns its fate:
+// callReturned (the worker settles err), callKept (the handler settled the
+// message; the worker goes on) or callReplaced (another goroutine runs the
+// slot: this one must end). Past finish, the handler no longer touches the
+// call, so the worker stays counted in its WaitGroup until then: that makes
+// the handler's wg.Add safe.
+func (tc *timedCall) finish() int32 {
+	if tc.state.CompareAndSwap(callRunning, callReturned) {
+		if !tc.stop() {
+			<-tc.ran // the handler began (the deadline or the parent ended): it loses, and ends
+		}
+		tc.cancel()
+		return callReturned
+	}
+	fate := tc.state.Load()
+	if fate == callKept {
+		// The handler's settle is still the worker's (its slot holds its
+		// batch meanwhile, so a stopping MQ waits for the retry).
+		<-tc.ran
+	}
+	tc.cancel()
+	return fate
+}
+
+// timedOut is the deadline's handler of tc (context.AfterFunc runs it in a
+// goroutine of its own when the call's context ends). When the deadline came
+// before the call returned, it fails the message with an error wrapping
+// [ErrDeliveryTimeout] (retry policy, then dead-lettering), and, while the
+// subscription has fewer abandoned calls than workers, becomes the slot's
+// new worker goroutine itself, so that the pool keeps its size; otherwise
+// the slot waits for the late call. It is in the MQ's WaitGroup from its
+// first line: the worker is still in it then (it waits in finish for ran).
+func (q *queue) timedOut(dctx context.Context, tc *timedCall) {
+	wg := &q.mq.wg
+	wg.Add(1)
+	if dctx.Err() != context.DeadlineExceeded { // the parent ended: Shutdown's abort, or the call returned
+		close(tc.ran)
+		wg.Done()
+		return
+	}
+	s := tc.w.sub
+	q.mu.Lock()
+	fate := callKept
+	if s.abandoned < s.n {
+		fate = callReplaced
+	}
+	if !tc.state.CompareAndSwap(callRunning, fate) {
+		q.mu.Unlock()
+		close(tc.ran)
+		wg.Done()
+		return
+	}
+	if fate == callReplaced {
+		// The late call's goroutine stays alive (in wg, and in s.alive) as
+		// an abandoned one until its consumer returns: abandonedReturned.
+		s.abandoned++
+		s.alive++ // this goroutine, the slot's new one
+		q.abandoned++
+	}
+	q.mu.Unlock()
+	q.c.timedOut.Add(1)
+	id := q.mq.own.Enter()
+	m := tc.m
+	if m == nil {
+		m = tc.e.firstMsg(q.name)
+	}
+	q.settle(m, fmt.Errorf("%w: the consumer did not return within %v (queue %q)", ErrDeliveryTimeout, q.cfg.deliveryTimeout, q.name))
+	q.mq.own.Leave(id)
+	close(tc.ran)
+	if fate == callReplaced {
+		tc.w.run(tc.parent, wg) // its wg.Done is this goroutine's
+		return
+	}
+	wg.Done()
+}
+
+// abandonedReturned ends the accounting of an abandoned call whose consumer
+// finally returned (or called runtime.Goexit): its goroutine ends now.
+func (q *queue) abandonedReturned(s *Subscription) {
+	q.mu.Lock()
+	s.abandoned--
+	q.abandoned--
+	if s.alive--; s.alive == 0 {
+		close(s.done)
+	}
+	q.mu.Unlock()
 }

@@ -53,12 +53,14 @@ type Overview struct {
 	QueuePage    PageInfo `json:"queue_page"`
 	ExchangePage PageInfo `json:"exchange_page"`
 	Exchanges    []struct {
-		Name       string `json:"name"`
-		Kind       string `json:"kind"`
-		Alternate  string `json:"alternate"`
-		Published  uint64 `json:"published"`
-		Unroutable uint64 `json:"unroutable"`
-		Rates      *struct {
+		Name              string  `json:"name"`
+		Kind              string  `json:"kind"`
+		Alternate         string  `json:"alternate"`
+		Published         uint64  `json:"published"`
+		Unroutable        uint64  `json:"unroutable"`
+		DedupWindowMillis float64 `json:"deduplication_window_ms"`
+		Duplicates        uint64  `json:"duplicates"`
+		Rates             *struct {
 			Published  float64 `json:"published_per_sec"`
 			Unroutable float64 `json:"unroutable_per_sec"`
 		} `json:"rates"`
@@ -123,10 +125,16 @@ type Queue struct {
 	DeadLetterExchange string             `json:"dead_letter_exchange"`
 	DeadLetterKey      string             `json:"dead_letter_key"`
 	Filtered           bool               `json:"filtered"`
+	DeliveryTimeoutMs  float64            `json:"delivery_timeout_ms"`
+	RateLimit          float64            `json:"rate_limit_per_sec"`
+	RateBurst          int                `json:"rate_burst"`
+	GroupOrdering      bool               `json:"group_ordering"`
+	PayloadType        string             `json:"payload_type"`
 	Depth              int                `json:"depth"`
 	Ready              int                `json:"ready"`
 	Scheduled          int                `json:"scheduled"`
 	InFlight           int                `json:"in_flight"`
+	Abandoned          int                `json:"abandoned"`
 	Counters           map[string]uint64  `json:"counters"`
 	Rates              map[string]float64 `json:"rates"`
 	ConsumerTime       map[string]float64 `json:"consumer_time"`
@@ -265,7 +273,7 @@ func TestOverviewShape(t *testing.T) {
 	assert.True(t, b.Filtered)
 	assert.Nil(t, b.Rates)
 	for _, k := range []string{"accepted", "delivered", "succeeded", "failed", "retried", "dead_lettered",
-		"expired", "overflowed", "rejected", "dropped", "undelivered"} {
+		"expired", "overflowed", "rejected", "dropped", "undelivered", "purged", "replayed", "removed", "timed_out"} {
 		assert.Contains(t, b.Counters, k)
 	}
 	for _, k := range []string{"samples", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms"} {
@@ -347,6 +355,80 @@ func TestNumbersChangeAfterPublishing(t *testing.T) {
 	mq.Stop()
 	stopped, _ := overview(t, h)
 	assert.Equal(t, uint64(5), stopped.Queues[0].Counters["succeeded"], "served after Stop too")
+}
+
+type invoice struct{ ID int }
+
+// The overview shows a queue's job-queue settings (delivery timeout, rate
+// limit, group ordering, payload type) and counts (timed-out deliveries,
+// abandoned calls), and an exchange's deduplication window and duplicates;
+// zeros where they were not asked for. It runs in a synctest bubble for the
+// timeout.
+func TestJobQueueSettingsAndCounters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		mq := tinymq.New()
+		require.NoError(t, mq.DeclareExchange("billing", tinymq.Direct, tinymq.WithDeduplication(90*time.Second)))
+		// The consumer ignores its context until release is closed.
+		require.NoError(t, tinymq.RegisterHandler(mq, "billing", tinymq.Direct, func(context.Context, invoice) error {
+			<-release
+			return nil
+		}, 2, tinymq.WithQueueName("charge"), tinymq.WithBindingKey("invoice"),
+			tinymq.WithDeliveryTimeout(1500*time.Millisecond), tinymq.WithRateLimit(2.5, 3), tinymq.WithGroupOrdering(),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour})))
+		require.NoError(t, mq.RegisterQueue("other", tinymq.Fanout, nop, 1, tinymq.WithQueueName("plain")))
+		require.NoError(t, mq.Start(context.Background()))
+		h := admin.Handler(mq)
+
+		for range 3 {
+			require.NoError(t, mq.Publish("billing", invoice{7}, tinymq.WithRoutingKey("invoice"),
+				tinymq.WithDeduplicationID("invoice-7"), tinymq.WithMessageGroup("customer-1")))
+		}
+		time.Sleep(2 * time.Second) // the bubble's clock: the call times out
+		synctest.Wait()
+
+		ov, _ := overview(t, h)
+		require.Len(t, ov.Queues, 2)
+		charge, plain := ov.Queues[0], ov.Queues[1]
+		assert.InDelta(t, 1500, charge.DeliveryTimeoutMs, 1e-9)
+		assert.InDelta(t, 2.5, charge.RateLimit, 1e-9)
+		assert.Equal(t, 3, charge.RateBurst)
+		assert.True(t, charge.GroupOrdering)
+		assert.Equal(t, "admin_test.invoice", charge.PayloadType)
+		assert.Equal(t, 1, charge.Abandoned, "the timed-out call still runs")
+		assert.Zero(t, charge.InFlight, "an abandoned call is not in flight")
+		assert.Equal(t, uint64(1), charge.Counters["timed_out"])
+		assert.Equal(t, uint64(1), charge.Counters["failed"])
+		assert.Equal(t, uint64(1), charge.Counters["accepted"], "the duplicates were not routed")
+
+		assert.Zero(t, plain.DeliveryTimeoutMs)
+		assert.Zero(t, plain.RateLimit)
+		assert.Zero(t, plain.RateBurst)
+		assert.False(t, plain.GroupOrdering)
+		assert.Empty(t, plain.PayloadType)
+		assert.Zero(t, plain.Abandoned)
+		assert.Zero(t, plain.Counters["timed_out"])
+
+		require.Len(t, ov.Exchanges, 2)
+		billing, other := ov.Exchanges[0], ov.Exchanges[1]
+		assert.InDelta(t, 90_000, billing.DedupWindowMillis, 1e-9)
+		assert.Equal(t, uint64(2), billing.Duplicates)
+		assert.Equal(t, uint64(1), billing.Published)
+		assert.Zero(t, other.DedupWindowMillis)
+		assert.Zero(t, other.Duplicates)
+
+		close(release)
+		synctest.Wait()
+		after, _ := overview(t, h)
+		assert.Zero(t, after.Queues[0].Abandoned, "the call returned")
+		assert.Equal(t, uint64(1), after.Queues[0].Counters["timed_out"])
+		// The retry waits an hour: a Shutdown whose deadline has passed
+		// drops it.
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		require.ErrorIs(t, mq.Shutdown(ctx), context.Canceled)
+		mq.Stop()
+	})
 }
 
 func TestRatesFromSnapshots(t *testing.T) {

@@ -56,22 +56,27 @@ func TestItemCostsAreUpperBounds(t *testing.T) {
 	q := queueView{Name: worst, Concurrency: math.MinInt, Consumers: math.MinInt, Paused: true, Durable: true,
 		MaxAttempts: math.MinInt, MessageTTLMillis: -math.MaxFloat64, ExpiryMillis: -math.MaxFloat64,
 		MaxLen: math.MinInt, Overflow: worst, DeadLetterExchange: worst, DeadLetterKey: worst, Filtered: true,
-		Depth: math.MinInt, Ready: math.MinInt, Scheduled: math.MinInt, InFlight: math.MinInt,
-		Counters: counters{big, big, big, big, big, big, big, big, big, big, big, big, big, big}, History: hv,
+		DeliveryTimeoutMillis: -math.MaxFloat64, RateLimit: -math.MaxFloat64, RateBurst: math.MinInt, GroupOrdering: true,
+		PayloadType: worst, Depth: math.MinInt, Ready: math.MinInt, Scheduled: math.MinInt, InFlight: math.MinInt,
+		Abandoned: math.MinInt,
+		Counters:  counters{big, big, big, big, big, big, big, big, big, big, big, big, big, big, big}, History: hv,
 		Rates: &queueRates{-math.MaxFloat64, -math.MaxFloat64, -math.MaxFloat64, -math.MaxFloat64,
 			-math.MaxFloat64, -math.MaxFloat64},
 		ConsumerTime: consumerTime{big, -math.MaxFloat64, -math.MaxFloat64, -math.MaxFloat64, -math.MaxFloat64,
 			-math.MaxFloat64}}
 	b, err := json.Marshal(q)
 	require.NoError(t, err)
-	assert.LessOrEqual(t, len(b)+1, queueFixedBytes+hv.size()+4*jsonLen(worst), "queue")
-	assert.Equal(t, q.cost(), queueFixedBytes+hv.size()+4*jsonLen(worst))
+	assert.LessOrEqual(t, len(b)+1, queueFixedBytes+hv.size()+5*jsonLen(worst), "queue")
+	assert.Equal(t, q.cost(), queueFixedBytes+hv.size()+5*jsonLen(worst))
+	t.Logf("queue: %d bytes of JSON, %d estimated", len(b)+1, q.cost())
 
 	x := exchangeView{Name: worst, Kind: worst, Alternate: worst, Published: big, Unroutable: big,
+		DedupWindowMillis: -math.MaxFloat64, Duplicates: big,
 		Rates: &exchangeRates{-math.MaxFloat64, -math.MaxFloat64}, BindingCount: math.MinInt, Bindings: []bindingView{}}
 	b, err = json.Marshal(x)
 	require.NoError(t, err)
 	assert.LessOrEqual(t, len(b)+1, exchangeFixedBytes+3*jsonLen(worst), "exchange")
+	t.Logf("exchange: %d bytes of JSON, %d estimated", len(b)+1, exchangeFixedBytes+3*jsonLen(worst))
 
 	d := deadLetterView{Time: worst, Reason: worst, Exchange: worst, Queue: worst, RoutingKey: worst,
 		Attempts: math.MinInt, Count: math.MinInt, MessageID: big, LastError: worst, DeadLetterExchange: worst,

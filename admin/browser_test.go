@@ -703,3 +703,63 @@ func TestBrowserRefusesAForeignHost(t *testing.T) {
 	waitLive(b)
 	b.waitJS("parked", depthOf("parked")+` === "5"`)
 }
+
+// The page shows a queue's job-queue settings and counts in its panel (the
+// delivery timeout, rate limit, group ordering and payload type; the calls
+// abandoned and the deliveries timed out) and an exchange's deduplication
+// window and duplicates in the exchanges' table.
+func TestBrowserShowsJobQueueSettingsAndCounters(t *testing.T) {
+	bin := chromium(t)
+	release := make(chan struct{})
+	mq := tinymq.New()
+	require.NoError(t, mq.DeclareExchange("billing", tinymq.Direct, tinymq.WithDeduplication(time.Minute)))
+	// The consumer ignores its context until release is closed.
+	require.NoError(t, tinymq.RegisterHandler(mq, "billing", tinymq.Direct, func(context.Context, invoice) error {
+		<-release
+		return nil
+	}, 2, tinymq.WithQueueName("charge"), tinymq.WithBindingKey("invoice"),
+		tinymq.WithDeliveryTimeout(50*time.Millisecond), tinymq.WithRateLimit(20, 3), tinymq.WithGroupOrdering(),
+		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour})))
+	require.NoError(t, mq.Start(context.Background()))
+	t.Cleanup(func() {
+		close(release)
+		waitFor(t, "the abandoned call to return", func() bool { return mq.Stats().Queues["charge"].Abandoned == 0 })
+		// The retry waits an hour: a Shutdown whose deadline has passed
+		// drops it.
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		assert.ErrorIs(t, mq.Shutdown(ctx), context.Canceled)
+		mq.Stop()
+	})
+	for range 3 {
+		require.NoError(t, mq.Publish("billing", invoice{7}, tinymq.WithRoutingKey("invoice"),
+			tinymq.WithDeduplicationID("invoice-7"), tinymq.WithMessageGroup("customer-1")))
+	}
+	waitFor(t, "the call timed out and abandoned", func() bool {
+		st := mq.Stats().Queues["charge"]
+		return st.TimedOut == 1 && st.Abandoned == 1
+	})
+	url := serve(t, mq)
+
+	b := startCDP(t, bin)
+	b.navigate(url)
+	waitLive(b)
+	b.waitJS("the billing exchange", `document.querySelector('tr[data-exchange="billing"] td.dups')`)
+	assert.Equal(t, "direct \u00b7 dedup 60s", b.text(`tr[data-exchange="billing"] td.kind`))
+	assert.Equal(t, "2", b.text(`tr[data-exchange="billing"] td.dups`), "two publishes deduplicated")
+	assert.Equal(t, "1", b.text(`tr[data-exchange="billing"] td:nth-child(4)`), "one published")
+
+	b.click(`tr[data-queue="charge"] button.qname`)
+	b.waitJS("charge's panel", `document.getElementById("panel-name").textContent === "charge" &&
+		!document.getElementById("panel-body").hidden`)
+	settings := b.text("#panel-settings")
+	for _, want := range []string{"2 workers", "2 attempts", "timeout 50ms", "rate 20/s, burst 3", "ordered by group",
+		"takes admin_test.invoice"} {
+		assert.Contains(t, settings, want, "the panel's settings")
+	}
+	counts := b.text("#panel-counts")
+	for _, want := range []string{"0 in flight, 1 abandoned", "accepted 1,", "timed out 1"} {
+		assert.Contains(t, counts, want, "the panel's counts")
+	}
+	assert.Contains(t, b.text(`tr[data-queue="charge"] .settings`), "timeout 50ms", "the settings in the queues' table too")
+}

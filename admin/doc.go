@@ -21,10 +21,12 @@
 //   - GET / — the HTML page; it fetches api/overview every second (see
 //     [WithRefresh]) and redraws itself.
 //   - GET /api/overview — the JSON: totals, one page of queues
-//     (configuration, depth, ready, scheduled, in flight, every counter of
+//     (configuration, the job-queue settings of [tinymq.QueueInfo] among it,
+//     depth, ready, scheduled, in flight, abandoned, every counter of
 //     [tinymq.QueueStats], rates, consumer-time percentiles, history), one
-//     page of exchanges (kind, alternate, the first bindings, published and
-//     unroutable counts and rates), the dead letters' totals and groups, and
+//     page of exchanges (kind, alternate, deduplication window, the first
+//     bindings, published, unroutable and duplicate counts, rates), the dead
+//     letters' totals and groups, and
 //     the recent dead letters. Parameters: limit and offset (queues, 100 and
 //     0 by default, at most 1000), sort (name, depth or rate; registration
 //     order when absent), order (asc or desc), filter (a substring of the

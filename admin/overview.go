@@ -111,14 +111,18 @@ type actionsView struct {
 }
 
 type exchangeView struct {
-	Name         string         `json:"name"`
-	Kind         string         `json:"kind"`
-	Alternate    string         `json:"alternate"`
-	Published    uint64         `json:"published"`
-	Unroutable   uint64         `json:"unroutable"`
-	Rates        *exchangeRates `json:"rates"`
-	BindingCount int            `json:"binding_count"`
-	Bindings     []bindingView  `json:"bindings"`
+	Name       string `json:"name"`
+	Kind       string `json:"kind"`
+	Alternate  string `json:"alternate"`
+	Published  uint64 `json:"published"`
+	Unroutable uint64 `json:"unroutable"`
+	// DedupWindowMillis is WithDeduplication's window (0: none), and
+	// Duplicates the publishes it found accepted already.
+	DedupWindowMillis float64        `json:"deduplication_window_ms"`
+	Duplicates        uint64         `json:"duplicates"`
+	Rates             *exchangeRates `json:"rates"`
+	BindingCount      int            `json:"binding_count"`
+	Bindings          []bindingView  `json:"bindings"`
 }
 
 type exchangeRates struct {
@@ -135,27 +139,38 @@ type bindingView struct {
 }
 
 type queueView struct {
-	Name               string       `json:"name"`
-	Concurrency        int          `json:"concurrency"`
-	Consumers          int          `json:"consumers"`
-	Paused             bool         `json:"paused"`
-	Durable            bool         `json:"durable"`
-	MaxAttempts        int          `json:"max_attempts"`
-	MessageTTLMillis   float64      `json:"message_ttl_ms"`
-	ExpiryMillis       float64      `json:"expiry_ms"`
-	MaxLen             int          `json:"max_len"`
-	Overflow           string       `json:"overflow"`
-	DeadLetterExchange string       `json:"dead_letter_exchange"`
-	DeadLetterKey      string       `json:"dead_letter_key"`
-	Filtered           bool         `json:"filtered"`
-	Depth              int          `json:"depth"`
-	Ready              int          `json:"ready"`
-	Scheduled          int          `json:"scheduled"`
-	InFlight           int          `json:"in_flight"`
-	Counters           counters     `json:"counters"`
-	Rates              *queueRates  `json:"rates"`
-	ConsumerTime       consumerTime `json:"consumer_time"`
-	History            historyView  `json:"history"`
+	Name               string  `json:"name"`
+	Concurrency        int     `json:"concurrency"`
+	Consumers          int     `json:"consumers"`
+	Paused             bool    `json:"paused"`
+	Durable            bool    `json:"durable"`
+	MaxAttempts        int     `json:"max_attempts"`
+	MessageTTLMillis   float64 `json:"message_ttl_ms"`
+	ExpiryMillis       float64 `json:"expiry_ms"`
+	MaxLen             int     `json:"max_len"`
+	Overflow           string  `json:"overflow"`
+	DeadLetterExchange string  `json:"dead_letter_exchange"`
+	DeadLetterKey      string  `json:"dead_letter_key"`
+	Filtered           bool    `json:"filtered"`
+	// The job-queue settings: WithDeliveryTimeout (0: none), WithRateLimit
+	// (0: none), WithGroupOrdering, and the payload type of a typed queue
+	// ("": any).
+	DeliveryTimeoutMillis float64 `json:"delivery_timeout_ms"`
+	RateLimit             float64 `json:"rate_limit_per_sec"`
+	RateBurst             int     `json:"rate_burst"`
+	GroupOrdering         bool    `json:"group_ordering"`
+	PayloadType           string  `json:"payload_type"`
+	Depth                 int     `json:"depth"`
+	Ready                 int     `json:"ready"`
+	Scheduled             int     `json:"scheduled"`
+	InFlight              int     `json:"in_flight"`
+	// Abandoned is how many calls outlived the delivery timeout and still
+	// run (QueueStats.Abandoned): not in InFlight.
+	Abandoned    int          `json:"abandoned"`
+	Counters     counters     `json:"counters"`
+	Rates        *queueRates  `json:"rates"`
+	ConsumerTime consumerTime `json:"consumer_time"`
+	History      historyView  `json:"history"`
 }
 
 // counters are the counters of tinymq.QueueStats.
@@ -174,13 +189,14 @@ type counters struct {
 	Purged       uint64 `json:"purged"`
 	Replayed     uint64 `json:"replayed"`
 	Removed      uint64 `json:"removed"`
+	TimedOut     uint64 `json:"timed_out"`
 }
 
 func countersOf(q tinymq.QueueStats) counters {
 	return counters{Accepted: q.Accepted, Delivered: q.Delivered, Succeeded: q.Succeeded, Failed: q.Failed,
 		Retried: q.Retried, DeadLettered: q.DeadLettered, Expired: q.Expired, Overflowed: q.Overflowed,
 		Rejected: q.Rejected, Dropped: q.Dropped, Undelivered: q.Undelivered, Purged: q.Purged,
-		Replayed: q.Replayed, Removed: q.Removed}
+		Replayed: q.Replayed, Removed: q.Removed, TimedOut: q.TimedOut}
 }
 
 // queueRates are per-second rates of the queue's main counters. Published is
@@ -258,7 +274,7 @@ type reasonGroup struct {
 // punctuation and numbers (at most 24 bytes each).
 const (
 	queueFixedBytes      = 1900
-	exchangeFixedBytes   = 330
+	exchangeFixedBytes   = 420
 	bindingFixedBytes    = 70
 	deadLetterFixedBytes = 500
 	groupFixedBytes      = 200
@@ -470,6 +486,9 @@ func (h *handler) overview(p overviewParams) (overview, error) {
 			Unroutable:   es.Unroutable,
 			BindingCount: len(ei.Bindings),
 			Bindings:     []bindingView{},
+
+			DedupWindowMillis: millis(ei.DeduplicationWindow),
+			Duplicates:        es.Duplicates,
 		}
 		if haveBase {
 			old := base.exchanges[ei.Name]
@@ -598,6 +617,13 @@ func (h *handler) queueViewOf(qi *tinymq.QueueInfo, qs tinymq.QueueStats, base s
 		Scheduled:          qs.Scheduled,
 		InFlight:           qs.InFlight,
 		Counters:           countersOf(qs),
+
+		DeliveryTimeoutMillis: millis(qi.DeliveryTimeout),
+		RateLimit:             qi.RateLimit,
+		RateBurst:             qi.RateBurst,
+		GroupOrdering:         qi.GroupOrdering,
+		PayloadType:           clip(qi.PayloadType),
+		Abandoned:             qs.Abandoned,
 		ConsumerTime: consumerTime{
 			Samples:    qs.ConsumerTime.Samples,
 			MeanMillis: millis(qs.ConsumerTime.Mean),
@@ -627,7 +653,7 @@ func (h *handler) queueViewOf(qi *tinymq.QueueInfo, qs tinymq.QueueStats, base s
 // cost is an upper bound on the queue's JSON.
 func (qv *queueView) cost() int {
 	return queueFixedBytes + qv.History.size() + jsonLen(qv.Name) + jsonLen(qv.Overflow) + jsonLen(qv.DeadLetterExchange) +
-		jsonLen(qv.DeadLetterKey)
+		jsonLen(qv.DeadLetterKey) + jsonLen(qv.PayloadType)
 }
 
 // deadGroups adds up the dead letters of every queue (their real totals,

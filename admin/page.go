@@ -185,6 +185,12 @@ const pageScript = `
     if (num(q.expiry_ms) > 0) parts.push("expires after " + fmtMs(q.expiry_ms) + " unused");
     if (q.durable) parts.push("durable");
     if (q.filtered) parts.push("filtered");
+    if (num(q.delivery_timeout_ms) > 0) parts.push("timeout " + fmtMs(q.delivery_timeout_ms));
+    if (num(q.rate_limit_per_sec) > 0) {
+      parts.push("rate " + num(q.rate_limit_per_sec).toLocaleString("en-US", { maximumFractionDigits: 3 }) + "/s, burst " + fmtInt(q.rate_burst));
+    }
+    if (q.group_ordering) parts.push("ordered by group");
+    if (q.payload_type) parts.push("takes " + q.payload_type);
     return parts.join(" \u00b7 ");
   }
 
@@ -281,17 +287,21 @@ const pageScript = `
     var tbody = $("exchanges").tBodies[0];
     $("exchange-count").textContent = fmtInt(data.exchange_count);
     pager("exchange", page, exchanges.length);
-    if (!exchanges.length) return empty(tbody, 7, num(data.exchange_count) ? "No exchange matches." : "No exchanges.");
+    if (!exchanges.length) return empty(tbody, 8, num(data.exchange_count) ? "No exchange matches." : "No exchanges.");
     tbody.replaceChildren.apply(tbody, exchanges.map(function (x) {
-      var tr = el("tr"), r = x.rates;
+      var tr = el("tr"), r = x.rates, dedup = num(x.deduplication_window_ms) > 0;
+      tr.setAttribute("data-exchange", x.name);
       var name = td(x.name, "name");
       name.title = x.name;
       tr.appendChild(name);
-      tr.appendChild(td(x.kind));
+      tr.appendChild(td(x.kind + (dedup ? " \u00b7 dedup " + fmtMs(x.deduplication_window_ms) : ""), "kind"));
       tr.appendChild(td(x.alternate || "\u2013", x.alternate ? "" : "muted"));
       tr.appendChild(nTd(x.published));
       tr.appendChild(rTd(r && r.published_per_sec));
       tr.appendChild(nTd(x.unroutable, "warn"));
+      var dups = dedup || num(x.duplicates) > 0 ? nTd(x.duplicates, "", "dups") : td("\u2013", "n dups muted");
+      dups.title = dedup ? "publishes deduplicated within " + fmtMs(x.deduplication_window_ms) : "no WithDeduplication";
+      tr.appendChild(dups);
       tr.appendChild(bindingCell(x));
       return tr;
     }));
@@ -369,9 +379,10 @@ const pageScript = `
     $("panel-depth").textContent = fmtInt(q.depth);
     $("panel-depth").setAttribute("data-value", String(num(q.depth)));
     $("panel-counts").textContent = fmtInt(q.ready) + " ready, " + fmtInt(q.scheduled) + " scheduled, " +
-      fmtInt(q.in_flight) + " in flight \u00b7 accepted " + fmtInt(c.accepted) + ", succeeded " + fmtInt(c.succeeded) +
+      fmtInt(q.in_flight) + " in flight, " + fmtInt(q.abandoned) + " abandoned" +
+      " \u00b7 accepted " + fmtInt(c.accepted) + ", succeeded " + fmtInt(c.succeeded) +
       ", dead-lettered " + fmtInt(c.dead_lettered) + ", dropped " + fmtInt(c.dropped) + ", purged " + fmtInt(c.purged) +
-      ", replayed " + fmtInt(c.replayed) + ", undelivered " + fmtInt(c.undelivered);
+      ", replayed " + fmtInt(c.replayed) + ", undelivered " + fmtInt(c.undelivered) + ", timed out " + fmtInt(c.timed_out);
     $("chart-depth").replaceChildren(spark(hist.depth, 240, 40, "depth", "depth", fmtInt));
     $("chart-pub").replaceChildren(spark(hist.published_per_sec, 240, 40, "rate", "published/s", fmtRate));
     $("chart-deliv").replaceChildren(spark(hist.delivered_per_sec, 240, 40, "rate", "delivered/s", fmtRate));
@@ -680,9 +691,11 @@ const pageBody = `<body>
   <table id="exchanges">
     <thead><tr>
       <th>exchange</th><th>kind</th><th>alternate</th><th class="n">published</th><th class="n">published/s</th>
-      <th class="n" title="publishes refused: no queue matched">unroutable</th><th>bindings (queue, keys or arguments)</th>
+      <th class="n" title="publishes refused: no queue matched">unroutable</th>
+      <th class="n" title="publishes that WithDeduplication found accepted already: nil returned, nothing routed">dup&#173;licates</th>
+      <th>bindings (queue, keys or arguments)</th>
     </tr></thead>
-    <tbody><tr><td class="empty" colspan="7">Loading&#8230;</td></tr></tbody>
+    <tbody><tr><td class="empty" colspan="8">Loading&#8230;</td></tr></tbody>
   </table>
 </section>
 <section>

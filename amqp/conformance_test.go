@@ -16,6 +16,7 @@ var Broker = mqtest.Capabilities{
 	UnnamedQueues:  false, // a shared queue needs a name every process agrees on
 	SequentialIDs:  false, // IDs are unique, not counted per exchange
 	DelayedNoRoute: false, // a delayed message is routed when its delay ends
+	JobFeatures:    false, // timeouts, rate limits, groups and deduplication are the in-memory MQ's
 }
 
 func TestConformance(t *testing.T) {

@@ -71,12 +71,12 @@ func (e *engine) session() (connected bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	defer pubConn.Close()
+	defer closeConn(pubConn)
 	subConn, err := e.dial("consume")
 	if err != nil {
 		return false, err
 	}
-	defer subConn.Close()
+	defer closeConn(subConn)
 	pubClosed := pubConn.NotifyClose(make(chan *amqp091.Error, 1))
 	subClosed := subConn.NotifyClose(make(chan *amqp091.Error, 1))
 
@@ -109,7 +109,7 @@ func (e *engine) session() (connected bool, err error) {
 		e.mu.Unlock()
 		// Closing the connection closes the channel; its confirm loop then
 		// hands every unconfirmed publish back to be sent again.
-		_ = pubConn.Close()
+		closeConn(pubConn)
 		<-s.closed
 	}()
 	for {
@@ -147,6 +147,16 @@ func (e *engine) session() (connected bool, err error) {
 			return true, nil
 		}
 	}
+}
+
+// closeTimeout bounds the close handshake of a connection: a broker that
+// holds back its close-ok (overloaded, or cut off) must not hold a Stop.
+const closeTimeout = 2 * time.Second
+
+// closeConn closes conn, waiting at most closeTimeout for the broker. Its
+// channels close with it, whatever the broker says.
+func closeConn(conn *amqp091.Connection) {
+	_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 }
 
 func connError(what string, aerr *amqp091.Error) error {
@@ -198,7 +208,7 @@ func (e *engine) waitConn(ctx context.Context, skip uint64) (*amqp091.Connection
 		}
 		select {
 		case <-changed:
-		case <-e.quit:
+		case <-e.stop: // the MQ lets no declaration begin after Shutdown did
 			return nil, 0, errEngineStopped
 		case <-ctx.Done():
 			return nil, 0, noConnection(lastErr, ctx.Err())
@@ -206,18 +216,27 @@ func (e *engine) waitConn(ctx context.Context, skip uint64) (*amqp091.Connection
 	}
 }
 
-// waitPub waits for a publishing session.
+// waitPub waits for a publishing session. Once the consumers have finished
+// at a Shutdown (draining), no publish waits for one any more: the engine is
+// about to close its connections. Past a Shutdown deadline, none sends.
 func (e *engine) waitPub(ctx context.Context) (*pubSession, error) {
 	for {
 		e.mu.Lock()
 		s, changed, lastErr := e.pub, e.changed, e.lastErr
 		e.mu.Unlock()
+		select {
+		case <-e.abort:
+			return nil, errEngineStopped
+		default:
+		}
 		if s != nil {
 			return s, nil
 		}
 		select {
 		case <-changed:
-		case <-e.quit:
+		case <-e.draining:
+			return nil, errEngineStopped
+		case <-e.abort:
 			return nil, errEngineStopped
 		case <-ctx.Done():
 			return nil, noConnection(lastErr, ctx.Err())

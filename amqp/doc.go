@@ -61,10 +61,16 @@
 // connection is lost before the confirm came, until its context ends or the
 // publish timeout passes ([WithPublishTimeout]); then it fails with
 // [ErrUnconfirmed]. It never returns nil for a message the broker did not
-// confirm.
+// confirm, and never [tinymq.ErrStopped] for one it may have. What the broker
+// would refuse by closing the channel or the connection is refused before it
+// is sent: a name over AMQP's 255 bytes ([tinymq.ErrKeyTooLong]), a header
+// of the engine's or of the broker's dead-lettering
+// ([tinymq.ErrUnsupported]), a message over the broker's size limit
+// ([tinymq.ErrTooLarge]).
 //
 // Shutdown (and Stop) cancels the consumers, lets the messages in consumers
-// finish, hands back what was prefetched, and closes the connections; the
-// broker keeps every other message for the next consumer. See README.md for
-// every difference from the in-memory engine.
+// finish and the publishes under way have their confirm, hands back what was
+// prefetched, and closes the connections; the broker keeps every other
+// message for the next consumer. See README.md for every difference from the
+// in-memory engine.
 package amqp

@@ -26,9 +26,16 @@ import (
 // ([WithPublishTimeout]). After Stop the MQ refuses everything with
 // [tinymq.ErrStopped] and the engine holds no connection. A bad URL or option
 // does not panic: every call of the MQ then returns an error wrapping
-// [tinymq.ErrInvalidOption]. Use one Engine option for one MQ. See the
-// package documentation for what changes on a broker.
+// [tinymq.ErrInvalidOption]. Use one Engine option for one MQ: given to a
+// second tinymq.New, it makes every call of both MQs fail with an error
+// wrapping [tinymq.ErrInvalidOption] that says so. See the package
+// documentation for what changes on a broker.
 func Engine(url string, opts ...Option) tinymq.Option {
+	return tinymq.WithEngine(newEngine(url, opts...))
+}
+
+// newEngine is the engine that Engine hands the MQ.
+func newEngine(url string, opts ...Option) *engine {
 	e := &engine{
 		url:       url,
 		cfg:       defaultConfig(),
@@ -38,6 +45,8 @@ func Engine(url string, opts ...Option) tinymq.Option {
 		delays:    make(map[string]string),
 		byName:    make(map[string]*cqueue),
 		changed:   make(chan struct{}),
+		pubs:      newFlight(),
+		draining:  make(chan struct{}),
 		quit:      make(chan struct{}),
 		stop:      make(chan struct{}),
 		abort:     make(chan struct{}),
@@ -47,6 +56,7 @@ func Engine(url string, opts ...Option) tinymq.Option {
 		log:       slog.New(slog.DiscardHandler),
 		codec:     tinymq.JSONCodec{},
 	}
+	e.maxSize.Store(maxBrokerSize)
 	if _, err := amqp091.ParseURI(url); err != nil {
 		e.cfgErr = fmt.Errorf("%w: amqp.Engine: URL: %w", tinymq.ErrInvalidOption, err)
 	}
@@ -60,7 +70,7 @@ func Engine(url string, opts ...Option) tinymq.Option {
 		}
 		e.cfgErr = o.apply(&e.cfg)
 	}
-	return tinymq.WithEngine(e)
+	return e
 }
 
 // engine implements [tinymq.Engine] on RabbitMQ.
@@ -86,8 +96,10 @@ func Engine(url string, opts ...Option) tinymq.Option {
 //     value is asked for its text, started and joined by the goroutine that
 //     logs or recovered the panic, which waits for it.
 //
-// Lock order: declMu, then topoMu, then mu, then a cqueue's mu. No lock is
-// held while user code runs; only declMu is held across network calls (the
+// Lock order: declMu, then topoMu, then mu, then a cqueue's mu; a
+// pubSession's mu and pubs' mu are leaves, taken with no other held (the
+// confirm loop holds its session's mu only to settle). No lock is held while
+// user code runs; only declMu is held across network calls (the
 // supervisor never takes it, since a declaration holding it may be waiting
 // for the supervisor's connection; Stats and managers only try it).
 type engine struct {
@@ -96,6 +108,14 @@ type engine struct {
 	forget func(queue string) // the MQ's EngineConfig.Forget, or nil
 	cfgErr error              // an invalid URL or option: every call returns it
 	ids    *idSource
+	inits  atomic.Int32 // calls of Init: more than one is a second MQ on this engine
+
+	// maxSize is the largest body the broker takes, as far as the engine
+	// knows: RabbitMQ's ceiling, lowered to the broker's max_message_size when
+	// it refuses a message (see pubSession.culpritLocked).
+	maxSize atomic.Int64
+	// pubs counts the Publishes under way (see Shutdown).
+	pubs *flight
 
 	// Set by Init, before any other call; read-only afterwards.
 	log   *slog.Logger
@@ -140,10 +160,13 @@ type engine struct {
 	deletedSum                   tinymq.QueueStats
 	deletedQueues, expiredQueues uint64
 
-	quit  chan struct{} // closed by finish: the supervisor closes the connections and returns
-	stop  chan struct{} // closed when Shutdown begins: managers cancel their consumers
-	abort chan struct{} // closed when a Shutdown deadline passed
-	done  chan struct{} // closed when everything has stopped
+	// draining is closed by finish once the consumers have finished: publishes
+	// waiting for a connection, or to be sent again, give up.
+	draining chan struct{}
+	quit     chan struct{} // closed by finish: the supervisor closes the connections and returns
+	stop     chan struct{} // closed when Shutdown begins: managers cancel their consumers
+	abort    chan struct{} // closed when a Shutdown deadline passed
+	done     chan struct{} // closed when everything has stopped
 
 	// Also under mu: the lines logLater handed to the log loop.
 	logQ       []logLine
@@ -167,8 +190,36 @@ type exchangeState struct {
 
 var _ tinymq.Engine = (*engine)(nil)
 
-// Init takes the MQ's logger and codec. It does no I/O.
+// errReused is what every call returns once a second MQ was made with the
+// same Engine option.
+var errReused = fmt.Errorf("%w: amqp.Engine: the option was given to a second tinymq.New; an engine serves one MQ (call amqp.Engine once per MQ)", tinymq.ErrInvalidOption)
+
+// usable returns why the engine refuses every call: an invalid URL or option,
+// an option used by two MQs, or a Shutdown begun. Two MQs on one engine would
+// share its connections, topology and consumers, and either's Stop would stop
+// both; the engine cannot tell their calls apart, so it refuses both's.
+func (e *engine) usable() error {
+	if e.cfgErr != nil {
+		return e.cfgErr
+	}
+	if e.inits.Load() > 1 {
+		return errReused
+	}
+	select {
+	case <-e.stop:
+		return errEngineStopped
+	default:
+		return nil
+	}
+}
+
+// Init takes the MQ's logger and codec. It does no I/O. A second Init is a
+// second MQ made with the same Engine option: it takes nothing, and from then
+// on every call fails (see usable).
 func (e *engine) Init(cfg tinymq.EngineConfig) {
+	if e.inits.Add(1) > 1 {
+		return
+	}
 	if cfg.Logger != nil {
 		e.log = cfg.Logger
 	}
@@ -181,11 +232,17 @@ func (e *engine) Init(cfg tinymq.EngineConfig) {
 // DeclareExchange declares a durable exchange of the spec's type, with its
 // alternate exchange as the alternate-exchange argument.
 func (e *engine) DeclareExchange(spec tinymq.ExchangeSpec) error {
-	if e.cfgErr != nil {
-		return e.cfgErr
+	if err := e.usable(); err != nil {
+		return err
 	}
 	if reserved(spec.Name) || reserved(spec.Alternate) {
 		return fmt.Errorf("%w: exchange name %q: names tinymq.wait, tinymq.requeue, tinymq.retry.* and tinymq.delay.* are the engine's", tinymq.ErrUnsupported, spec.Name)
+	}
+	if err := checkName("exchange name", spec.Name); err != nil {
+		return err
+	}
+	if err := checkName("alternate exchange name", spec.Alternate); err != nil {
+		return err
 	}
 	return e.declare([]step{exchangeStep(spec.Name, spec.Kind, spec.Alternate)})
 }
@@ -197,8 +254,8 @@ func (e *engine) DeclareExchange(spec tinymq.ExchangeSpec) error {
 // started. A queue declared already gets the binding, and counts as used
 // (x-expires starts again), as a queue.declare does.
 func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
-	if e.cfgErr != nil {
-		return e.cfgErr
+	if err := e.usable(); err != nil {
+		return err
 	}
 	switch {
 	case !spec.Named:
@@ -219,6 +276,9 @@ func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 		}
 	}
 	proto := newQueue(e, spec) // its wait queues, if it is new
+	if err := checkQueueNames(spec, proto.waitQs); err != nil {
+		return err
+	}
 
 	// declMu is held until the queue is recorded, so that no delete or
 	// expiry comes between its declaration and its record.
@@ -286,6 +346,27 @@ func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 	return nil
 }
 
+// checkQueueNames refuses a queue whose name, exchange, dead-letter exchange
+// or retry wait queues (tinymq.retry.<queue>.<ms>) have names longer than
+// AMQP allows.
+func checkQueueNames(spec tinymq.QueueSpec, waitQs []string) error {
+	if err := checkName("queue name", spec.Name); err != nil {
+		return err
+	}
+	if err := checkName("exchange name", spec.Binding.Exchange); err != nil {
+		return err
+	}
+	if err := checkName("dead-letter exchange name", spec.DeadLetterExchange); err != nil {
+		return err
+	}
+	for _, w := range waitQs {
+		if err := checkName(fmt.Sprintf("the retry wait queue of queue %.40q...", spec.Name), w); err != nil {
+			return fmt.Errorf("%w (shorten the queue name)", err)
+		}
+	}
+	return nil
+}
+
 // prefetchFor returns the prefetch of a subscription of concurrency workers
 // to queue: its concurrency, or WithPrefetch, which must not be below it.
 func (e *engine) prefetchFor(queue string, concurrency int) (int, error) {
@@ -320,8 +401,8 @@ func (e *engine) addSubLocked(s *subscription) {
 // subscriptions, of this MQ and of others, compete for the queue's
 // messages. It does no I/O.
 func (e *engine) Consume(queue string, c tinymq.ConsumerFunc, concurrency int) (tinymq.EngineSubscription, error) {
-	if e.cfgErr != nil {
-		return nil, e.cfgErr
+	if err := e.usable(); err != nil {
+		return nil, err
 	}
 	prefetch, err := e.prefetchFor(queue, concurrency)
 	if err != nil {
@@ -346,8 +427,8 @@ func (e *engine) Consume(queue string, c tinymq.ConsumerFunc, concurrency int) (
 // ResumeQueue (after a reconnect too). Consumers of other processes are
 // not paused.
 func (e *engine) PauseQueue(name string) error {
-	if e.cfgErr != nil {
-		return e.cfgErr
+	if err := e.usable(); err != nil {
+		return err
 	}
 	q := e.queue(name)
 	if q == nil {
@@ -385,8 +466,8 @@ func (e *engine) PauseQueue(name string) error {
 // ResumeQueue has the queue's subscriptions consume again (basic.consume).
 // It does not wait for the broker.
 func (e *engine) ResumeQueue(name string) error {
-	if e.cfgErr != nil {
-		return e.cfgErr
+	if err := e.usable(); err != nil {
+		return err
 	}
 	q := e.queue(name)
 	if q == nil {
@@ -409,11 +490,14 @@ func (e *engine) queue(name string) *cqueue {
 // Bind binds an existing queue to another exchange, declaring the exchange
 // when this MQ has not.
 func (e *engine) Bind(spec tinymq.BindingSpec) error {
-	if e.cfgErr != nil {
-		return e.cfgErr
+	if err := e.usable(); err != nil {
+		return err
 	}
 	if reserved(spec.Exchange) {
 		return fmt.Errorf("%w: exchange name %q is the engine's", tinymq.ErrUnsupported, spec.Exchange)
+	}
+	if err := checkName("exchange name", spec.Exchange); err != nil {
+		return err
 	}
 	binds, err := bindingSteps(spec)
 	if err != nil {
@@ -434,8 +518,8 @@ func (e *engine) Bind(spec tinymq.BindingSpec) error {
 // Start starts every queue's consumer; it does not block. Consumers' contexts
 // derive from ctx.
 func (e *engine) Start(ctx context.Context) error {
-	if e.cfgErr != nil {
-		return e.cfgErr
+	if err := e.usable(); err != nil {
+		return err
 	}
 	e.ensureRunning()
 	e.mu.Lock()
@@ -508,6 +592,17 @@ func (e *engine) Shutdown(ctx context.Context) error {
 		close(e.abort)
 		e.cancelConsumers()
 	})
+	// Past the deadline every wait of a Publish under way ends (one whose
+	// confirm is pending returns ErrUnconfirmed: the broker may have it), and
+	// so does what is left of the stop, unless something hangs (a log
+	// handler that blocks, a socket write held by the broker's flow
+	// control): then keep the deadline, roughly.
+	grace, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	select {
+	case <-e.pubs.done():
+	case <-grace.Done():
+	}
 	n := int64(0)
 	e.mu.Lock()
 	for _, q := range e.queues {
@@ -519,14 +614,11 @@ func (e *engine) Shutdown(ctx context.Context) error {
 	e.mu.Unlock()
 	if n == 0 {
 		// No consumer was cut short: what is left is closing the
-		// connections, which takes milliseconds, unless something hangs (a
-		// log handler that blocks): then keep the deadline, roughly.
-		t := time.NewTimer(time.Second)
-		defer t.Stop()
+		// connections, which takes milliseconds.
 		select {
 		case <-e.done:
 			return nil
-		case <-t.C:
+		case <-grace.Done():
 			return fmt.Errorf("tinymq/amqp: shutdown deadline passed before the engine closed its connections (no message was in a consumer; the broker keeps the rest): %w", ctx.Err())
 		}
 	}
@@ -535,9 +627,16 @@ func (e *engine) Shutdown(ctx context.Context) error {
 }
 
 // finish stops everything in order: the consumers (which finish what they
-// are in), then the connections, then waits for every goroutine.
+// are in, a retry's publish included), then the publishes under way (those
+// waiting for a connection give up, those sent wait for their confirm, until
+// a Shutdown deadline), then the connections, then waits for every goroutine.
 func (e *engine) finish() {
 	e.mgrWG.Wait()
+	close(e.draining)
+	select {
+	case <-e.pubs.done():
+	case <-e.abort:
+	}
 	close(e.quit)
 	e.supWG.Wait()
 	e.wrkWG.Wait()

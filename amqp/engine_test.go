@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -343,4 +344,102 @@ func TestBlockingLoggerDoesNotHoldShutdown(t *testing.T) {
 	assert.Less(t, time.Since(start), 5*time.Second, "Shutdown kept its deadline, roughly")
 	close(release)
 	m.Stop()
+}
+
+// lineHandler signals seen (once) when a line with message msg is logged.
+type lineHandler struct {
+	msg  string
+	once *sync.Once
+	seen chan struct{}
+}
+
+func newLineHandler(msg string) lineHandler {
+	return lineHandler{msg: msg, once: new(sync.Once), seen: make(chan struct{})}
+}
+
+func (lineHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h lineHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.once.Do(func() { close(h.seen) })
+	}
+	return nil
+}
+func (h lineHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h lineHandler) WithGroup(string) slog.Handler      { return h }
+
+// closedPort returns a loopback port on which nothing listens.
+func closedPort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	return port
+}
+
+// TestShutdownKeepsItsDeadlineWhileADeclarationWaitsForTheBroker: with the
+// broker down, a RegisterQueue waiting for a connection (up to the publish
+// timeout) neither holds Shutdown past its deadline nor outlives it.
+func TestShutdownKeepsItsDeadlineWhileADeclarationWaitsForTheBroker(t *testing.T) {
+	h := newLineHandler("tinymq/amqp: no connection to the broker; reconnecting")
+	url := fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", closedPort(t))
+	m := tinymq.New(amqp.Engine(url, amqp.WithPublishTimeout(20*time.Second),
+		amqp.WithReconnectBackoff(20*time.Millisecond, 100*time.Millisecond)), tinymq.WithLogger(slog.New(h)))
+	declared := make(chan error, 1)
+	go func() { declared <- m.RegisterQueue("ex", tinymq.Fanout, nop, 1, tinymq.WithQueueName("q")) }()
+	select {
+	case <-h.seen: // the declaration started the engine, which found no broker
+	case <-time.After(10 * time.Second):
+		t.Fatal("the engine never tried to connect")
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	err := m.Shutdown(ctx)
+	took := time.Since(start)
+	assert.Less(t, took, 2500*time.Millisecond, "Shutdown(1s) returned after %v (err %v)", took, err)
+	select {
+	case err := <-declared:
+		assert.ErrorIs(t, err, tinymq.ErrStopped)
+	case <-time.After(100 * time.Millisecond):
+		t.Error("the RegisterQueue under way outlived Shutdown")
+		<-declared
+	}
+	m.Stop()
+}
+
+// TestShutdownMakesAPublishWaitingForItsConfirmReturn: with a broker that
+// holds back its replies, a Publish whose confirm is pending returns by the
+// time Shutdown(1s) does, and says that its outcome is unknown (the broker
+// has the message): not ErrStopped, which would mean no queue got it.
+func TestShutdownMakesAPublishWaitingForItsConfirmReturn(t *testing.T) {
+	n := uniq(t)
+	proxy, err := broker(t).Proxy()
+	require.NoError(t, err)
+	defer proxy.Close()
+	m := tinymq.New(amqp.Engine(proxy.URL(), amqp.WithPublishTimeout(time.Minute)), tinymq.WithLogger(logger()))
+	defer m.Stop() // after proxy.Close, which lets it finish
+	require.NoError(t, m.DeclareQueue(n("q"), n("ex"), tinymq.Fanout))
+
+	proxy.Hold()
+	published := make(chan error, 1)
+	go func() { published <- m.Publish(n("ex"), "held") }()
+	waitFor(t, "the broker routing the message", func() bool { return brokerQueue(t, n("q")).Messages == 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	serr := m.Shutdown(ctx)
+	took := time.Since(start)
+	assert.Less(t, took, 2500*time.Millisecond, "Shutdown(1s) returned after %v (err %v)", took, serr)
+	select {
+	case err := <-published:
+		assert.ErrorIs(t, err, amqp.ErrUnconfirmed)
+		assert.NotErrorIs(t, err, tinymq.ErrStopped, "the message is in the queue")
+	case <-time.After(100 * time.Millisecond):
+		t.Error("the Publish under way outlived Shutdown")
+		proxy.Close()
+		<-published
+	}
 }

@@ -31,8 +31,8 @@ import (
 // processes' unacknowledged ones, which the broker's if-empty does not
 // count either. It waits for the broker, at most the publish timeout.
 func (e *engine) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
-	if e.cfgErr != nil {
-		return 0, e.cfgErr
+	if err := e.usable(); err != nil {
+		return 0, err
 	}
 	e.declMu.Lock()
 	defer e.declMu.Unlock()
@@ -99,8 +99,8 @@ func (e *engine) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
 // retry wait queues (queue.purge of each), and returns how many; the
 // messages in consumers, and those prefetched by one, stay.
 func (e *engine) PurgeQueue(name string) (int, error) {
-	if e.cfgErr != nil {
-		return 0, e.cfgErr
+	if err := e.usable(); err != nil {
+		return 0, err
 	}
 	q := e.queue(name)
 	if q == nil {
@@ -149,8 +149,8 @@ func (e *engine) PurgeQueue(name string) (int, error) {
 // or argument table); a binding that the broker does not have is not an
 // error.
 func (e *engine) Unbind(spec tinymq.BindingSpec) error {
-	if e.cfgErr != nil {
-		return e.cfgErr
+	if err := e.usable(); err != nil {
+		return err
 	}
 	binds, err := bindingSteps(spec)
 	if err != nil {
@@ -187,8 +187,8 @@ func (e *engine) Unbind(spec tinymq.BindingSpec) error {
 // [tinymq.ErrInUse]), then its delay queues with the delayed messages in
 // them, which had nowhere left to go.
 func (e *engine) DeleteExchange(name string, ifUnused bool) error {
-	if e.cfgErr != nil {
-		return e.cfgErr
+	if err := e.usable(); err != nil {
+		return err
 	}
 	e.declMu.Lock()
 	defer e.declMu.Unlock()

@@ -121,8 +121,7 @@ func fromField(v any) any {
 func userHeaders(h amqp091.Table) map[string]any {
 	var m map[string]any
 	for k, v := range h {
-		if k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") ||
-			strings.HasPrefix(k, hdrPrefix) {
+		if deathHeader(k) || strings.HasPrefix(k, hdrPrefix) {
 			continue
 		}
 		if m == nil {
@@ -131,6 +130,12 @@ func userHeaders(h amqp091.Table) map[string]any {
 		m[k] = fromField(v)
 	}
 	return m
+}
+
+// deathHeader reports whether k is one of the headers that the broker's
+// dead-lettering sets.
+func deathHeader(k string) bool {
+	return k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
 }
 
 // xdeath is one entry of the x-death header.

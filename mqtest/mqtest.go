@@ -57,6 +57,15 @@ type Capabilities struct {
 	// take fails with [tinymq.ErrNoRoute] at once. Without it, routing happens
 	// when the delay ends.
 	DelayedNoRoute bool
+	// JobFeatures: RegisterQueue (and DeclareQueue) take
+	// [tinymq.WithDeliveryTimeout], [tinymq.WithRateLimit] and
+	// [tinymq.WithGroupOrdering], DeclareExchange takes
+	// [tinymq.WithDeduplication], and Publish takes [tinymq.WithMessageGroup]
+	// and [tinymq.WithDeduplicationID]. Without it each of them is refused
+	// with [tinymq.ErrUnsupported] and changes nothing. Typed publish (a
+	// typed consumer's queue refusing other data with
+	// [tinymq.ErrPayloadType]) is not among them: every engine promises it.
+	JobFeatures bool
 }
 
 // Memory describes the in-memory engine, [tinymq.New] without an engine.
@@ -67,6 +76,7 @@ var Memory = Capabilities{
 	UnnamedQueues:  true,
 	SequentialIDs:  true,
 	DelayedNoRoute: true,
+	JobFeatures:    true,
 }
 
 // timeout bounds every wait of the suite; nothing here takes longer than a
@@ -121,6 +131,11 @@ func Run(t *testing.T, newMQ func(t *testing.T) *tinymq.MQ, caps Capabilities) {
 		{"PauseQueueHoldsDeliveries", s.pause},
 		{"UnknownNamesAreRefused", s.unknownNames},
 		{"TopologyCallsAfterStopAreRefused", s.topologyAfterStop},
+		{"DeliveryTimeoutFailsAStuckConsumer", s.deliveryTimeout},
+		{"RateLimitSpacesDeliveries", s.rateLimit},
+		{"GroupOrderingKeepsEachGroupInOrder", s.groups},
+		{"DeduplicationRoutesAnIDOnce", s.dedup},
+		{"TypedPublishRefusesOtherData", s.typedPublish},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -14,74 +15,69 @@ import (
 	tinymqotel "github.com/tinymq/tinymq/otel"
 )
 
-// A payment fails once, is retried and succeeds: one trace holds the publish
-// and both attempts.
+// A payment fails once, is retried and succeeds: one trace holds the
+// publish, both attempts and the retry between them, each consumer span
+// linked to the publish span.
 func Example() {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	defer tp.Shutdown(context.Background())
 
-	mq := tinymq.New()
-	_ = mq.RegisterQueue("payments", tinymq.Fanout, tinymqotel.Consumer(func(_ context.Context, m *tinymq.Msg) error {
-		if m.Attempt == 1 {
+	mq := tinymq.New(tinymqotel.Instrument(tinymqotel.WithTracerProvider(tp)))
+	_ = tinymq.RegisterDeliveryHandler(mq, "payments", tinymq.Fanout, func(_ context.Context, d tinymq.Delivery[int]) error {
+		if d.Attempt == 1 {
 			return errors.New("provider timeout")
 		}
 		return nil
-	}, tinymqotel.WithTracerProvider(tp)), 1, tinymq.WithQueueName("charge"),
+	}, 1, tinymq.WithQueueName("charge"),
 		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}))
 	_ = mq.Start(context.Background())
-
-	pub := tinymqotel.NewPublisher(mq, tinymqotel.WithTracerProvider(tp))
-	_ = pub.Publish(context.Background(), "payments", tinymqotel.Message{Data: 1200})
+	_ = mq.Publish("payments", 1200) // a plain Publish is traced too
 	mq.Stop()
 
-	// Spans are exported as they end, so the first attempt may end before
-	// the publish span does: pick the publish span out by its kind.
-	var publish tracetest.SpanStub
-	var process tracetest.SpanStubs
-	for _, s := range exp.GetSpans() {
-		if s.SpanKind == trace.SpanKindProducer {
-			publish = s
-		} else {
-			process = append(process, s)
-		}
+	spans := exp.GetSpans()
+	names := map[trace.SpanID]string{}
+	for _, s := range spans {
+		names[s.SpanContext.SpanID()] = s.Name
 	}
-	fmt.Println(publish.Name, publish.SpanKind)
-	for _, s := range process { // the attempts, in order
-		var attempt int64
-		for _, kv := range s.Attributes {
-			if kv.Key == tinymqotel.AttemptKey {
-				attempt = kv.Value.AsInt64()
-			}
-		}
-		fmt.Printf("  %s %s attempt=%d status=%s child=%t\n", s.Name, s.SpanKind, attempt,
-			s.Status.Code, s.Parent.SpanID() == publish.SpanContext.SpanID())
+	// Spans are exported as they end: put them in the order they began.
+	sort.SliceStable(spans, func(i, j int) bool { return spans[i].StartTime.Before(spans[j].StartTime) })
+	for _, s := range spans {
+		linked := len(s.Links) > 0 && names[s.Links[0].SpanContext.SpanID()] == "publish payments"
+		fmt.Printf("%s (%s) parent=%q status=%s linked=%t\n", s.Name, s.SpanKind, names[s.Parent.SpanID()], s.Status.Code, linked)
 	}
 	// Output:
-	// publish payments producer
-	//   process payments consumer attempt=1 status=Error child=true
-	//   process payments consumer attempt=2 status=Unset child=true
+	// publish payments (producer) parent="" status=Unset linked=false
+	// process payments (consumer) parent="publish payments" status=Error linked=true
+	// retry payments (internal) parent="publish payments" status=Unset linked=true
+	// process payments (consumer) parent="retry payments" status=Unset linked=true
 }
 
-// Consumer continues the trace of each message it is handed.
-func ExampleConsumer() {
+// Instrument is one option of tinymq.New: typed consumers and plain
+// publishes are traced with no change to the code that registers or
+// publishes them.
+func ExampleInstrument() {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	defer tp.Shutdown(context.Background())
 
-	mq := tinymq.New()
-	handle := func(ctx context.Context, m *tinymq.Msg) error {
+	mq := tinymq.New(tinymqotel.Instrument(tinymqotel.WithTracerProvider(tp)))
+	type userCreated struct{ ID int }
+	_ = tinymq.RegisterHandler(mq, "user.created", tinymq.Fanout, func(ctx context.Context, u userCreated) error {
 		return nil // ctx carries the process span: start child spans from it
-	}
-	_ = mq.RegisterQueue("user.created", tinymq.Fanout, tinymqotel.Consumer(handle, tinymqotel.WithTracerProvider(tp)), 1,
-		tinymq.WithQueueName("welcome"))
+	}, 1, tinymq.WithQueueName("welcome"))
 	_ = mq.Start(context.Background())
-	pub := tinymqotel.NewPublisher(mq, tinymqotel.WithTracerProvider(tp))
-	_ = pub.Publish(context.Background(), "user.created", tinymqotel.Message{Data: 42, Headers: map[string]any{"source": "signup"}})
+	_ = mq.Publish("user.created", userCreated{ID: 42})
 	mq.Stop()
 
 	spans := exp.GetSpans()
-	fmt.Println(len(spans), "spans in", map[bool]string{true: "one trace", false: "two traces"}[spans[0].SpanContext.TraceID() == spans[1].SpanContext.TraceID()])
+	sort.Slice(spans, func(i, j int) bool { return spans[i].Name > spans[j].Name })
+	for _, s := range spans {
+		fmt.Println(s.Name, s.SpanKind)
+	}
+	fmt.Println("one trace:", spans[0].SpanContext.TraceID() == spans[1].SpanContext.TraceID())
 	// Output:
-	// 2 spans in one trace
+	// publish user.created producer
+	// process user.created consumer
+	// one trace: true
 }

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
@@ -26,7 +28,12 @@ import (
 	tinymqotel "github.com/tinymq/tinymq/otel"
 )
 
+// reported counts the errors reported to otel.Handle: the panics of hostile
+// tracing code.
+var reported atomic.Int64
+
 func TestMain(m *testing.M) {
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(error) { reported.Add(1) }))
 	goleak.VerifyTestMain(m)
 }
 
@@ -90,11 +97,11 @@ func TestPublishToConsume(t *testing.T) {
 	assert.Equal(t, parent.SpanContext().SpanID(), ps.Parent.SpanID())
 	assert.Equal(t, tinymqotel.ScopeName, ps.InstrumentationScope.Name)
 	assert.Equal(t, map[attribute.Key]attribute.Value{
-		"messaging.system":                           attribute.StringValue("tinymq"),
-		"messaging.operation.type":                   attribute.StringValue("send"),
-		"messaging.operation.name":                   attribute.StringValue("publish"),
-		"messaging.destination.name":                 attribute.StringValue("orders"),
-		"messaging.rabbitmq.destination.routing_key": attribute.StringValue("eu.new"),
+		"messaging.system":                         attribute.StringValue("tinymq"),
+		"messaging.operation.type":                 attribute.StringValue("send"),
+		"messaging.operation.name":                 attribute.StringValue("publish"),
+		"messaging.destination.name":               attribute.StringValue("orders"),
+		"messaging.tinymq.destination.routing_key": attribute.StringValue("eu.new"),
 	}, attrs(ps))
 	assert.Equal(t, codes.Unset, ps.Status.Code)
 
@@ -110,13 +117,13 @@ func TestPublishToConsume(t *testing.T) {
 		queues[a["messaging.destination.subscription.name"].AsString()] = true
 		delete(a, "messaging.destination.subscription.name")
 		assert.Equal(t, map[attribute.Key]attribute.Value{
-			"messaging.system":                           attribute.StringValue("tinymq"),
-			"messaging.operation.type":                   attribute.StringValue("process"),
-			"messaging.operation.name":                   attribute.StringValue("process"),
-			"messaging.destination.name":                 attribute.StringValue("orders"),
-			"messaging.message.id":                       attribute.StringValue("1"),
-			"messaging.rabbitmq.destination.routing_key": attribute.StringValue("eu.new"),
-			"tinymq.message.attempt":                     attribute.IntValue(1),
+			"messaging.system":                         attribute.StringValue("tinymq"),
+			"messaging.operation.type":                 attribute.StringValue("process"),
+			"messaging.operation.name":                 attribute.StringValue("process"),
+			"messaging.destination.name":               attribute.StringValue("orders"),
+			"messaging.message.id":                     attribute.StringValue("1"),
+			"messaging.tinymq.destination.routing_key": attribute.StringValue("eu.new"),
+			"messaging.tinymq.message.attempt":         attribute.IntValue(1),
 		}, a)
 		assert.Equal(t, codes.Unset, s.Status.Code)
 	}
@@ -192,7 +199,7 @@ func TestRetriesAreSpansOfTheirOwn(t *testing.T) {
 		require.Len(t, process, 3)
 		for i, s := range process {
 			assert.Equal(t, publish[0].SpanContext.SpanID(), s.Parent.SpanID(), "attempt %d", i+1)
-			assert.Equal(t, int64(i+1), attrs(s)["tinymq.message.attempt"].AsInt64())
+			assert.Equal(t, int64(i+1), attrs(s)["messaging.tinymq.message.attempt"].AsInt64())
 			if i < 2 {
 				assert.Equal(t, codes.Error, s.Status.Code)
 				assert.Equal(t, "flaky", s.Status.Description)
@@ -239,11 +246,11 @@ func TestDeadLetterStaysInTheTrace(t *testing.T) {
 		a := attrs(d)
 		assert.Equal(t, "payments.dead", a["messaging.destination.name"].AsString())
 		assert.Equal(t, "charge-dead", a["messaging.destination.subscription.name"].AsString())
-		assert.Equal(t, "dead", a["messaging.rabbitmq.destination.routing_key"].AsString())
-		assert.Equal(t, int64(1), a["tinymq.message.attempt"].AsInt64())
-		assert.Equal(t, int64(1), a["tinymq.message.death.count"].AsInt64())
-		assert.Equal(t, "rejected", a["tinymq.message.death.reason"].AsString())
-		assert.Equal(t, "charge", a["tinymq.message.death.queue"].AsString())
+		assert.Equal(t, "dead", a["messaging.tinymq.destination.routing_key"].AsString())
+		assert.Equal(t, int64(1), a["messaging.tinymq.message.attempt"].AsInt64())
+		assert.Equal(t, int64(1), a["messaging.tinymq.message.death.count"].AsInt64())
+		assert.Equal(t, "rejected", a["messaging.tinymq.message.death.reason"].AsString())
+		assert.Equal(t, "charge", a["messaging.tinymq.message.death.queue"].AsString())
 		assert.Equal(t, codes.Unset, d.Status.Code)
 	})
 }

@@ -3,11 +3,7 @@ package tinymqotel
 import (
 	"context"
 	"fmt"
-	"slices"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tinymq/tinymq"
@@ -15,9 +11,10 @@ import (
 
 // Message is what [Publisher.Publish] sends: the payload, and the routing key
 // and headers that the core would take as [tinymq.WithRoutingKey] and
-// [tinymq.WithHeaders]. They are fields here because the publish span records
-// the routing key, and the trace context has to be merged into the headers,
-// and neither can be read back out of a tinymq.PublishOption.
+// [tinymq.WithHeaders].
+//
+// Deprecated: use [Instrument] and [tinymq.MQ.PublishContext], whose publish
+// middleware reads the routing key and headers of the publish options.
 type Message struct {
 	// Data is the payload, as given to [tinymq.MQ.Publish].
 	Data any
@@ -33,19 +30,23 @@ type Message struct {
 // span's trace context in the message's headers, from which [Consumer]
 // continues the trace. Create it with [NewPublisher]; it is safe for
 // concurrent use.
+//
+// Deprecated: use [Instrument], which traces every publish of the MQ (a plain
+// [tinymq.MQ.Publish] too) and records the message's ID. Do not use both:
+// each would start a publish span.
 type Publisher struct {
-	mq     *tinymq.MQ
-	tracer trace.Tracer
-	prop   propagation.TextMapPropagator
+	mq *tinymq.MQ
+	t  *tracing
 }
 
 // NewPublisher returns a Publisher for mq. Its tracer comes from the
 // [WithTracerProvider] option (default: the global provider) and the header
 // format from [WithPropagator] (default: W3C trace context). It does not
 // block.
+//
+// Deprecated: use [Instrument].
 func NewPublisher(mq *tinymq.MQ, opts ...Option) *Publisher {
-	cfg := newConfig(opts)
-	return &Publisher{mq: mq, tracer: cfg.tracer(), prop: cfg.prop}
+	return &Publisher{mq: mq, t: newTracing(opts)}
 }
 
 // Publish publishes m to exchange as [tinymq.MQ.PublishContext] does, inside
@@ -68,6 +69,8 @@ func NewPublisher(mq *tinymq.MQ, opts ...Option) *Publisher {
 // span processor, the propagator) is reported to otel.Handle and never keeps
 // the message from being published. A nil context, or a Publisher made with a
 // nil MQ, is refused with an error wrapping [tinymq.ErrInvalidOption].
+//
+// Deprecated: use [Instrument] and [tinymq.MQ.PublishContext].
 func (p *Publisher) Publish(ctx context.Context, exchange string, m Message, opts ...tinymq.PublishOption) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", tinymq.ErrInvalidOption)
@@ -75,36 +78,14 @@ func (p *Publisher) Publish(ctx context.Context, exchange string, m Message, opt
 	if p.mq == nil {
 		return fmt.Errorf("%w: tinymqotel: Publisher with a nil MQ", tinymq.ErrInvalidOption)
 	}
-	span := trace.SpanFromContext(context.Background()) // a no-op span until Start succeeds
-	spanCtx := ctx
+	span, spanCtx := noSpan, ctx
 	safely("starting the publish span", func() {
-		spanCtx, span = p.tracer.Start(ctx, "publish "+exchange,
+		spanCtx, span = p.t.tracer.Start(ctx, spanName("publish", exchange),
 			trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithAttributes(publishAttributes(exchange, m.RoutingKey)...))
 	})
-
 	headers := m.Headers
-	safely("injecting the trace context", func() {
-		carrier := propagation.MapCarrier{}
-		p.prop.Inject(spanCtx, carrier)
-		if len(carrier) == 0 {
-			return
-		}
-		// A copy: m.Headers is the caller's. The propagator's fields are
-		// left out of it, so that a stale tracestate cannot outlive the
-		// traceparent replacing it.
-		fields := p.prop.Fields()
-		merged := make(map[string]any, len(headers)+len(carrier))
-		for k, v := range headers {
-			if !slices.Contains(fields, k) {
-				merged[k] = v
-			}
-		}
-		for k, v := range carrier {
-			merged[k] = v
-		}
-		headers = merged
-	})
+	safely("injecting the trace context", func() { headers = p.t.inject(spanCtx, headers) })
 
 	all := make([]tinymq.PublishOption, 0, len(opts)+2)
 	if m.RoutingKey != "" {
@@ -120,17 +101,4 @@ func (p *Publisher) Publish(ctx context.Context, exchange string, m Message, opt
 	}
 	safely("ending the publish span", func() { span.End() })
 	return nil
-}
-
-func publishAttributes(exchange, key string) []attribute.KeyValue {
-	attrs := []attribute.KeyValue{
-		systemTinyMQ,
-		semconv.MessagingOperationTypeSend,
-		semconv.MessagingOperationName("publish"),
-		semconv.MessagingDestinationName(exchange),
-	}
-	if key != "" {
-		attrs = append(attrs, semconv.MessagingRabbitMQDestinationRoutingKey(key))
-	}
-	return attrs
 }

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -35,8 +37,9 @@ func TestMain(m *testing.M) {
 
 var errBill = errors.New("card declined")
 
-// scenario runs an MQ through every counter the Collector exports, each to a
-// different value so that a swapped metric shows, and returns it stopped.
+// scenario runs an MQ through every counter the Collector exports (but the
+// job-queue ones, which TestJobQueueCounters drives), each to a different
+// value so that a swapped metric shows, and returns it stopped.
 // It runs in a synctest bubble for the TTL and the retry backoff.
 func scenario(t *testing.T) *tinymq.MQ {
 	t.Helper()
@@ -328,51 +331,6 @@ func canceled(t *testing.T) context.Context {
 	return ctx
 }
 
-func TestConsumerTimeSummary(t *testing.T) {
-	mq := tinymq.New()
-	require.NoError(t, mq.RegisterQueue("q", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil },
-		1, tinymq.WithQueueName("q")))
-	require.NoError(t, mq.RegisterQueue("idle", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil },
-		1, tinymq.WithQueueName("idle")))
-	c, err := tinymqprom.NewCollector(mq)
-	require.NoError(t, err)
-	require.NoError(t, mq.Start(t.Context()))
-	for i := range 40 {
-		require.NoError(t, mq.Publish("q", i))
-	}
-	mq.Stop()
-
-	reg := prometheus.NewPedanticRegistry()
-	require.NoError(t, reg.Register(c))
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	var found int
-	for _, mf := range mfs {
-		if mf.GetName() != "tinymq_queue_consumer_time_seconds" {
-			continue
-		}
-		require.Equal(t, dto.MetricType_SUMMARY, mf.GetType())
-		for _, m := range mf.GetMetric() {
-			found++
-			s := m.GetSummary()
-			qs := mq.Stats().Queues[m.GetLabel()[0].GetValue()]
-			assert.Equal(t, qs.ConsumerTime.Samples, s.GetSampleCount())
-			require.Len(t, s.GetQuantile(), 3)
-			if qs.ConsumerTime.Samples == 0 {
-				assert.Zero(t, s.GetSampleSum())
-				for _, q := range s.GetQuantile() {
-					assert.True(t, math.IsNaN(q.GetValue()), "quantile %v of a queue with no samples", q.GetQuantile())
-				}
-				continue
-			}
-			assert.LessOrEqual(t, s.GetSampleCount(), uint64(40))
-			assert.InDelta(t, qs.ConsumerTime.P99.Seconds(), s.GetQuantile()[2].GetValue(), 1e-12)
-			assert.GreaterOrEqual(t, s.GetSampleSum(), 0.0)
-		}
-	}
-	assert.Equal(t, 2, found)
-}
-
 func TestNewCollectorRefuses(t *testing.T) {
 	mq := tinymq.New()
 	for _, tc := range []struct {
@@ -390,6 +348,9 @@ func TestNewCollectorRefuses(t *testing.T) {
 		{"bad label", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"a-b": "x"})}},
 		{"reserved label", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"__x": "x"})}},
 		{"label value not UTF-8", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"mq": "a\xff"})}},
+		{"reason label", mq, []tinymqprom.Option{tinymqprom.WithConstLabels(prometheus.Labels{"reason": "x"})}},
+		{"NaN bucket", mq, []tinymqprom.Option{tinymqprom.WithBuckets(1, math.NaN())}},
+		{"negative stuck after", mq, []tinymqprom.Option{tinymqprom.WithStuckAfter(-time.Second)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := tinymqprom.NewCollector(tc.mq, tc.opts...)
@@ -470,22 +431,18 @@ func TestScrapeOverHTTP(t *testing.T) {
 	assert.Equal(t, 5.0, byQueue("tinymq_queue_dropped_total"))
 	assert.Equal(t, dto.MetricType_COUNTER, mfs["tinymq_exchange_published_total"].GetType())
 	assert.Equal(t, dto.MetricType_GAUGE, mfs["tinymq_queue_messages_ready"].GetType())
-	assert.Equal(t, dto.MetricType_SUMMARY, mfs["tinymq_queue_consumer_time_seconds"].GetType())
+	assert.Nil(t, mfs["tinymq_queue_consumer_time_seconds"], "the summary is gone")
 
 	hist := mfs["tinymq_queue_consumer_duration_seconds"]
 	require.NotNil(t, hist)
 	require.Equal(t, dto.MetricType_HISTOGRAM, hist.GetType())
-	counts := map[string]uint64{}
-	for _, m := range hist.GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		assert.Equal(t, "welcome", labels["queue"])
-		counts[labels["result"]] = m.GetHistogram().GetSampleCount()
-		assert.GreaterOrEqual(t, len(m.GetHistogram().GetBucket()), len(tinymqprom.DefaultBuckets))
-	}
-	assert.Equal(t, map[string]uint64{"success": 5, "error": 5, "panic": 0}, counts)
+	require.Len(t, hist.GetMetric(), 1)
+	m := hist.GetMetric()[0]
+	require.Len(t, m.GetLabel(), 1)
+	assert.Equal(t, "welcome", m.GetLabel()[0].GetValue())
+	assert.Equal(t, uint64(10), m.GetHistogram().GetSampleCount(), "every call, failed ones included")
+	assert.Len(t, m.GetHistogram().GetBucket(), len(tinymqprom.DefaultBuckets)+1, "and +Inf")
+	assert.Equal(t, 0.0, byQueue("tinymq_queue_calls_stuck"))
 }
 
 // TestCollectRacingPublishers scrapes over and over while publishers and
@@ -521,12 +478,15 @@ func TestCollectRacingPublishers(t *testing.T) {
 					switch mf.GetType() {
 					case dto.MetricType_COUNTER:
 						v = m.GetCounter().GetValue()
-					case dto.MetricType_SUMMARY:
-						v = m.GetSummary().GetSampleSum()
+					case dto.MetricType_HISTOGRAM:
+						v = float64(m.GetHistogram().GetSampleCount())
 					default:
 						continue
 					}
-					key := mf.GetName() + m.String()
+					key := mf.GetName()
+					for _, l := range m.GetLabel() {
+						key += "," + l.GetName() + "=" + l.GetValue()
+					}
 					if v < last[key] {
 						scraped <- fmt.Errorf("%s went down: %v after %v", key, v, last[key])
 						return
@@ -639,9 +599,6 @@ func TestNamesThatAreNotUTF8NeverBreakTheScrape(t *testing.T) {
 		require.NotNil(t, mf, name)
 		got := map[string]float64{}
 		for _, m := range mf.GetMetric() {
-			if name == "tinymq_queue_consumer_duration_seconds" && label(m, "result") != "success" {
-				continue
-			}
 			got[label(m, "queue")] = m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
 		}
 		switch name {
@@ -677,8 +634,7 @@ func TestCollectorPanicNeverFailsTheScrape(t *testing.T) {
 	mq := tinymq.New()
 	c, err := tinymqprom.NewCollector(mq)
 	require.NoError(t, err)
-	require.NoError(t, c.Instrument(func(context.Context, *tinymq.Msg) error { return nil })(t.Context(), &tinymq.Msg{Queue: "jobs"}))
-	tinymqprom.SetStats(c, func() tinymq.Stats { panic("stats broke") })
+	tinymqprom.SetReadHook(c, func(string) { panic("stats broke") })
 
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(c))
@@ -695,7 +651,6 @@ func TestCollectorPanicNeverFailsTheScrape(t *testing.T) {
 		errs := mfs["tinymq_collector_errors_total"]
 		require.NotNil(t, errs)
 		assert.Equal(t, float64(scrape), errs.GetMetric()[0].GetCounter().GetValue(), "one panic per scrape")
-		require.NotNil(t, mfs["tinymq_queue_consumer_duration_seconds"], "the histogram is still served")
 	}
 }
 
@@ -897,5 +852,136 @@ func TestRunTimeTopologyIsExported(t *testing.T) {
 tinymq_deleted_queues_messages_removed_total 3
 `), "tinymq_deleted_queues_messages_removed_total"))
 	require.NoError(t, sub.Cancel(t.Context()))
+	mq.Stop()
+}
+
+// The job-queue counters: a delivery that outlives WithDeliveryTimeout
+// counts in tinymq_queue_timed_out_total and, while its call still runs, in
+// tinymq_queue_calls_abandoned; a publish that WithDeduplication finds
+// accepted already counts in tinymq_exchange_duplicates_total. It runs in a
+// synctest bubble for the timeout.
+func TestJobQueueCounters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		mq := tinymq.New()
+		// stuck ignores its context until release is closed.
+		require.NoError(t, mq.RegisterQueue("jobs", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			<-release
+			return nil
+		}, 2, tinymq.WithQueueName("slow"), tinymq.WithDeliveryTimeout(time.Second),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour})))
+		require.NoError(t, mq.DeclareExchange("once", tinymq.Fanout, tinymq.WithDeduplication(time.Minute)))
+		require.NoError(t, mq.RegisterQueue("once", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil },
+			1, tinymq.WithQueueName("paid")))
+		require.NoError(t, mq.Start(t.Context()))
+		c, err := tinymqprom.NewCollector(mq)
+		require.NoError(t, err)
+
+		for i := range 2 {
+			require.NoError(t, mq.Publish("jobs", i))
+		}
+		for range 3 {
+			require.NoError(t, mq.Publish("once", "pay", tinymq.WithDeduplicationID("invoice-7")))
+		}
+		require.NoError(t, mq.Publish("once", "pay", tinymq.WithDeduplicationID("invoice-8")))
+		time.Sleep(2 * time.Second) // the bubble's clock: both calls time out
+		synctest.Wait()
+
+		require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP tinymq_exchange_duplicates_total Publishes that WithDeduplication found accepted already within its window: they returned nil and routed nothing.
+# TYPE tinymq_exchange_duplicates_total counter
+tinymq_exchange_duplicates_total{exchange="jobs"} 0
+tinymq_exchange_duplicates_total{exchange="once"} 2
+# HELP tinymq_queue_timed_out_total Deliveries that failed because the consumer outlived WithDeliveryTimeout (each also counts as failed).
+# TYPE tinymq_queue_timed_out_total counter
+tinymq_queue_timed_out_total{queue="paid"} 0
+tinymq_queue_timed_out_total{queue="slow"} 2
+# HELP tinymq_queue_calls_abandoned Consumer calls of the queue that outlived WithDeliveryTimeout and still run, their worker slots taken by new goroutines.
+# TYPE tinymq_queue_calls_abandoned gauge
+tinymq_queue_calls_abandoned{queue="paid"} 0
+tinymq_queue_calls_abandoned{queue="slow"} 2
+`), "tinymq_exchange_duplicates_total", "tinymq_queue_timed_out_total", "tinymq_queue_calls_abandoned"))
+		vals, err := gather(c)
+		require.NoError(t, err)
+		assert.Equal(t, map[string]float64{"jobs": 2, "once": 2}, vals["tinymq_exchange_published_total"],
+			"duplicates are not published")
+		assert.Equal(t, map[string]float64{"paid": 0, "slow": 2}, vals["tinymq_queue_failed_total"],
+			"a timed-out delivery failed")
+		assert.Equal(t, map[string]float64{"paid": 0, "slow": 2}, vals["tinymq_queue_retried_total"])
+
+		close(release) // the abandoned calls return
+		synctest.Wait()
+		vals, err = gather(c)
+		require.NoError(t, err)
+		assert.Equal(t, map[string]float64{"paid": 0, "slow": 0}, vals["tinymq_queue_calls_abandoned"],
+			"no call is abandoned once they returned")
+		assert.Equal(t, map[string]float64{"paid": 0, "slow": 2}, vals["tinymq_queue_timed_out_total"], "counters only grow")
+		// The retries wait an hour: Shutdown's deadline drops them.
+		require.ErrorIs(t, mq.Shutdown(canceled(t)), context.Canceled)
+		mq.Stop()
+	})
+}
+
+// A dead letter that ReplayDeadLetters moves back counts in
+// tinymq_queue_replayed_total of the queue it left, so that the queue's
+// ledger adds up (it is neither succeeded nor dropped there).
+func TestReplayedCounter(t *testing.T) {
+	var fixed atomic.Bool
+	done := make(chan struct{}, 2)
+	mq := tinymq.New(tinymq.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, mq.RegisterQueue("orders", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		defer func() { done <- struct{}{} }()
+		if !fixed.Load() {
+			return errBill
+		}
+		return nil
+	}, 1, tinymq.WithQueueName("bill"), tinymq.WithDeadLetter("orders.dead", "")))
+	require.NoError(t, mq.DeclareQueue("parked", "orders.dead", tinymq.Fanout))
+	require.NoError(t, mq.Start(t.Context()))
+	defer mq.Stop()
+	require.NoError(t, mq.Publish("orders", 1))
+	<-done
+	require.Eventually(t, func() bool { return mq.Stats().Queues["parked"].Depth == 1 }, 10*time.Second, time.Millisecond)
+	fixed.Store(true)
+	n, err := mq.ReplayDeadLetters("parked", 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	<-done
+	require.Eventually(t, func() bool { return mq.Stats().Queues["bill"].Succeeded == 1 }, 10*time.Second, time.Millisecond)
+
+	c, err := tinymqprom.NewCollector(mq)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]float64{"bill": 0, "parked": 1}, values(t, c, "tinymq_queue_replayed_total"))
+}
+
+// The Collector shares each queue's label pairs between its metrics and
+// between scrapes; a registry that wraps it and adds labels must copy them,
+// not write into them: every scrape has each series with exactly its own
+// labels.
+func TestWrappedRegistererAddsLabelsToEveryScrape(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	mq := tinymq.New(tinymqprom.Instrument(prometheus.WrapRegistererWith(prometheus.Labels{"env": "prod"}, reg),
+		tinymqprom.WithConstLabels(prometheus.Labels{"mq": "billing"})))
+	for _, q := range []string{"a", "b"} {
+		require.NoError(t, mq.DeclareQueue(q, "ex", tinymq.Fanout))
+	}
+	for scrape := range 3 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if !strings.HasPrefix(mf.GetName(), "tinymq_queue_") || mf.GetName() == "tinymq_queue_binding_info" {
+				continue
+			}
+			require.Len(t, mf.GetMetric(), 2, "%s, scrape %d", mf.GetName(), scrape)
+			for i, m := range mf.GetMetric() {
+				var got []string
+				for _, l := range m.GetLabel() {
+					got = append(got, l.GetName()+"="+l.GetValue())
+				}
+				assert.Equal(t, []string{"env=prod", "mq=billing", "queue=" + []string{"a", "b"}[i]}, got,
+					"%s, scrape %d", mf.GetName(), scrape)
+			}
+		}
+	}
 	mq.Stop()
 }

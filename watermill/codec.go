@@ -3,6 +3,7 @@ package tinymqwatermill
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -13,6 +14,24 @@ import (
 // named as watermill's AMQP marshaler names it. Every other header is a
 // metadata entry.
 const UUIDHeader = "_watermill_message_uuid"
+
+// The metadata keys of a dead letter (see SubscriberConfig.DeadLetterTopic):
+// a Subscriber sets them on a message that reached its queue through a
+// dead-letter exchange, from the message's latest tinymq.Death, replacing
+// metadata of the same names.
+const (
+	// DeathReasonKey is why the message died: "rejected" (it used up its
+	// Retry attempts), "expired" (MessageTTL) or "maxlen" (dropped from a
+	// full queue); see tinymq.DeathReason.
+	DeathReasonKey = "tinymq_death_reason"
+	// DeathTopicKey is the topic the message had been published to.
+	DeathTopicKey = "tinymq_death_topic"
+	// DeathQueueKey is the queue it died in: QueueName(topic, group) for a
+	// consumer group's.
+	DeathQueueKey = "tinymq_death_queue"
+	// DeathAttemptsKey is how many times it had been delivered, in decimal.
+	DeathAttemptsKey = "tinymq_death_attempts"
+)
 
 // encode returns the payload and headers that carry msg through TinyMQ: the
 // payload as the message's Data, the metadata and the UUID as its headers.
@@ -38,7 +57,8 @@ type decoded struct {
 // tinymq.Encoded (a message that left memory) is decoded into the []byte a
 // Publisher sent, or else taken as its encoded body; any other Data is
 // encoded as JSON. String and []byte headers become metadata, others are
-// formatted with fmt; a message without a UUID header gets a new UUID.
+// formatted with fmt; a message without a UUID header gets a new UUID. A dead
+// letter's latest death is set under the Death keys.
 func decode(m *tinymq.Msg) (decoded, error) {
 	d := decoded{metadata: make(map[string]string, len(m.Headers))}
 	for k, v := range m.Headers {
@@ -59,6 +79,13 @@ func decode(m *tinymq.Msg) (decoded, error) {
 	}
 	if d.uuid == "" {
 		d.uuid = watermill.NewUUID()
+	}
+	if len(m.Deaths) > 0 {
+		death := m.Deaths[0]
+		d.metadata[DeathReasonKey] = string(death.Reason)
+		d.metadata[DeathTopicKey] = death.Exchange
+		d.metadata[DeathQueueKey] = death.Queue
+		d.metadata[DeathAttemptsKey] = strconv.Itoa(death.Attempts)
 	}
 	switch data := m.Data.(type) {
 	case nil:

@@ -15,7 +15,10 @@ package tinymqwatermill
 // queue's TinyMQ workers: each offers its message on handoff, where an idle
 // subscription takes it, and waits for the watermill Ack or Nack. A Nack, or
 // the subscription closing before it acked, makes the same call offer the
-// message again, so that a redelivered message keeps its place in the order.
+// message again, so that a redelivered message keeps its place in the order;
+// with a retry policy (SubscriberConfig.Retry) a Nack instead ends the call
+// with ErrNacked, and TinyMQ's retry timer, not a worker, holds the message
+// until its next attempt.
 //
 // When a group's last subscription detaches, the dispatcher cancels its
 // consumer (Subscription.Cancel): what its workers had taken and not begun
@@ -176,10 +179,11 @@ type dispatcher struct {
 	concurrency int
 	private     bool // a broadcast subscription's: its queue goes when it detaches
 
-	handoff  chan *delivery // where the consumer's calls offer a message and idle subscriptions take it
-	gone     chan struct{}  // private only: closed once its subscription detached and the queue was deleted
-	attached atomic.Int64   // subscriptions attached; written under mu
-	busy     atomic.Int64   // consumer calls running, of this consumer or of one cancelled before
+	handoff   chan *delivery // where the consumer's calls offer a message and idle subscriptions take it
+	gone      chan struct{}  // private only: closed once its subscription detached and the queue was deleted
+	nackFails atomic.Bool    // a Nack fails the TinyMQ attempt (SubscriberConfig.Retry), rather than offering again
+	attached  atomic.Int64   // subscriptions attached; written under mu
+	busy      atomic.Int64   // consumer calls running, of this consumer or of one cancelled before
 
 	mu  sync.Mutex
 	sub *tinymq.Subscription // the consumer, while subscriptions are attached
@@ -317,6 +321,8 @@ func (d *dispatcher) compete(ctx context.Context, mq *tinymq.MQ, m *tinymq.Msg) 
 			return nil
 		case w.withdrawn:
 			return fmt.Errorf("%w: the MQ stopped while message %s waited for a subscription to read it", ErrNoSubscriber, del.uuid)
+		case out == nacked && d.nackFails.Load():
+			return ErrNacked // TinyMQ retries it after its backoff, or dead-letters it
 		case out == nacked && w.stopping():
 			return fmt.Errorf("%w: message %s was nacked while the MQ stops", ErrNoSubscriber, del.uuid)
 		}

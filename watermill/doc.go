@@ -19,9 +19,11 @@
 // group is a queue bound to it (see QueueName), declared with no consumer
 // (tinymq.MQ.DeclareQueue): its subscriptions, from any number of Subscribers
 // of the MQ, compete for its messages, and the queue keeps the messages
-// published while none is open for as long as the MQ runs. A subscription
+// published while none is open for as long as the MQ runs (and, with
+// SubscriberConfig.Durable, across restarts). A subscription
 // without a group has a queue of its own, declared when it opens and deleted
-// when it closes, so it gets every message published while it is open. A
+// when it closes, so it gets every message published while it is open, and
+// two Router handlers on one topic do not hold each other back. A
 // message carries its payload as the TinyMQ message's Data and its UUID and
 // metadata as headers, so TinyMQ consumers and publishers can share the
 // exchanges (see UUIDHeader).
@@ -30,10 +32,21 @@
 //
 // While a subscription is open, its queue has a TinyMQ consumer
 // (tinymq.MQ.Consume), which hands a message to a subscription and waits for
-// its Ack. A Nack delivers the same message again before any later one, and
-// so does a group subscription closing before its Ack, to another
+// its Ack. By default a Nack delivers the same message again before any later
+// one, and so does a group subscription closing before its Ack, to another
 // subscription of the group: at least once, and in publish order with the
 // default Concurrency of 1.
+//
+// # Queue settings
+//
+// SubscriberConfig's queue settings are TinyMQ's queue options: Durable keeps
+// a group's queue in the MQ's write-ahead log, MessageTTL and MaxLen bound
+// what waits, Retry makes a Nack a failed TinyMQ attempt, retried after a
+// backoff on a timer while the queue goes on, and DeadLetterTopic is where
+// the messages that used up their attempts, expired or overflowed are
+// published, with the Death metadata keys (DeathReasonKey and the others).
+// So a handler that keeps failing holds back no queue, where watermill's Retry
+// middleware keeps the message, and its queue, in the handler while it waits.
 //
 // # Closing
 //
@@ -55,6 +68,7 @@
 // leaves its messages undelivered, counted and logged by TinyMQ. A message no
 // subscription can take any more (the one a closed subscription held, or one
 // nacked or left unread while the MQ stops) is dropped with ErrNoSubscriber,
-// which TinyMQ logs and counts. MQ.Shutdown bounds the wait and cancels the
-// messages' contexts.
+// which TinyMQ logs and counts; with Retry, that is a failed attempt, and
+// Stop waits for the message's remaining attempts and backoffs. MQ.Shutdown
+// bounds the wait and cancels the messages' contexts.
 package tinymqwatermill

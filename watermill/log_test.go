@@ -5,14 +5,17 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"testing"
+	"time"
 )
 
 // recorder is a slog.Handler keeping the text of the errors logged under the
 // key "err", and each record's message with its "queue".
 type recorder struct {
-	mu    sync.Mutex
-	errs  []string
-	lines []line
+	mu     sync.Mutex
+	errs   []string
+	lines  []line
+	signal chan struct{} // closed, and cleared, by the next record; made by await
 }
 
 type line struct{ msg, queue string }
@@ -35,7 +38,36 @@ func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
 		return true
 	})
 	r.lines = append(r.lines, l)
+	if r.signal != nil {
+		close(r.signal)
+		r.signal = nil
+	}
 	return nil
+}
+
+// await waits until a record whose message contains text has been handled.
+func (r *recorder) await(t *testing.T, text string) {
+	t.Helper()
+	timeout := time.After(wait)
+	for {
+		r.mu.Lock()
+		for _, l := range r.lines {
+			if strings.Contains(l.msg, text) {
+				r.mu.Unlock()
+				return
+			}
+		}
+		if r.signal == nil {
+			r.signal = make(chan struct{})
+		}
+		signal := r.signal
+		r.mu.Unlock()
+		select {
+		case <-signal:
+		case <-timeout:
+			t.Fatalf("nothing logged %q", text)
+		}
+	}
 }
 
 func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }

@@ -3,6 +3,7 @@ package tinymqwatermill_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,5 +111,84 @@ func TestRouter(t *testing.T) {
 	case m := <-invoices:
 		t.Fatalf("extra invoice %q", m.Payload)
 	default:
+	}
+}
+
+// TestRouterHandlersOnOneTopicDoNotHoldEachOtherBack: with the default
+// SubscriberConfig, two Router handlers on one topic each get every message
+// from a queue of their own (GoChannel's broadcast), so a handler blocked on
+// its first message holds back only itself.
+func TestRouterHandlersOnOneTopicDoNotHoldEachOtherBack(t *testing.T) {
+	mq := startMQ(t)
+	pub := newPublisher(t, mq, tinymqwatermill.PublisherConfig{})
+	sub := newSubscriber(t, mq, tinymqwatermill.SubscriberConfig{})
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: wait}, watermill.NopLogger{})
+	require.NoError(t, err)
+	release := make(chan struct{})
+	slowGot := make(chan string, 10)
+	router.AddConsumerHandler("slow", "events", sub, func(m *message.Message) error {
+		slowGot <- string(m.Payload)
+		<-release
+		return nil
+	})
+	fastGot := make(chan string, 10)
+	router.AddConsumerHandler("fast", "events", sub, func(m *message.Message) error {
+		fastGot <- string(m.Payload)
+		return nil
+	})
+	ran := make(chan error, 1)
+	go func() { ran <- router.Run(context.Background()) }()
+	select {
+	case <-router.Running():
+	case <-time.After(wait):
+		t.Fatal("router not running")
+	}
+
+	const n = 10
+	var want []string
+	for i := range n {
+		want = append(want, fmt.Sprint(i))
+		require.NoError(t, pub.Publish("events", msg(fmt.Sprint(i))))
+	}
+	assert.Equal(t, "0", receiveString(t, slowGot), "the slow handler holds its first message")
+	var fast []string
+	for range n {
+		fast = append(fast, receiveString(t, fastGot))
+	}
+	assert.Equal(t, want, fast, "the other handler got every message while the slow one was held")
+	select {
+	case p := <-slowGot:
+		t.Fatalf("the slow handler got %q while it was held", p)
+	default:
+	}
+	queues := broadcastQueues(mq, "events")
+	assert.Len(t, queues, 2, "one queue per subscription")
+
+	close(release)
+	slow := []string{"0"}
+	for range n - 1 {
+		slow = append(slow, receiveString(t, slowGot))
+	}
+	assert.Equal(t, want, slow, "the slow handler gets every message too, once released")
+
+	require.NoError(t, router.Close())
+	select {
+	case err := <-ran:
+		require.NoError(t, err)
+	case <-time.After(wait):
+		t.Fatal("Router.Run did not return")
+	}
+	assert.Empty(t, broadcastQueues(mq, "events"), "closing the router deleted both queues")
+}
+
+func receiveString(t *testing.T, ch <-chan string) string {
+	t.Helper()
+	select {
+	case s := <-ch:
+		return s
+	case <-time.After(wait):
+		t.Fatal("nothing received")
+		return ""
 	}
 }

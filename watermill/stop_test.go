@@ -2,6 +2,7 @@ package tinymqwatermill_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -82,12 +83,22 @@ func TestStopWithUnreadSubscription(t *testing.T) {
 	}
 }
 
+// Without Retry a nacked message is dropped with ErrNoSubscriber once the MQ
+// stops; with Retry, Stop waits for its attempts, and the last one drops it
+// for want of a dead-letter topic.
 func TestStopWithSubscriptionThatAlwaysNacks(t *testing.T) {
-	for _, group := range []string{"g", ""} {
-		t.Run("group="+group, func(t *testing.T) {
-			mq := startMQ(t)
+	for _, tc := range []struct {
+		group string
+		retry *tinymq.RetryPolicy
+	}{
+		{"g", nil}, {"", nil},
+		{"g", &tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond}},
+		{"", &tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond}},
+	} {
+		t.Run(fmt.Sprintf("group=%s,retry=%t", tc.group, tc.retry != nil), func(t *testing.T) {
+			mq := startMQ(t, quietLogger())
 			pub := newPublisher(t, mq, tinymqwatermill.PublisherConfig{})
-			sub := newSubscriber(t, mq, tinymqwatermill.SubscriberConfig{ConsumerGroup: group})
+			sub := newSubscriber(t, mq, tinymqwatermill.SubscriberConfig{ConsumerGroup: tc.group, Retry: tc.retry})
 			ch := subscribe(t, sub, "t")
 			nacked := make(chan struct{})
 			go func() {
@@ -99,7 +110,7 @@ func TestStopWithSubscriptionThatAlwaysNacks(t *testing.T) {
 			require.NoError(t, pub.Publish("t", msg("1")))
 
 			stopWithin(t, mq)
-			assert.Equal(t, uint64(1), queueStats(t, mq, "t", group).Dropped)
+			assert.Equal(t, uint64(1), queueStats(t, mq, "t", tc.group).Dropped)
 			require.NoError(t, sub.Close())
 			<-nacked
 		})

@@ -129,7 +129,7 @@ func TestNew(t *testing.T) {
 	recs := records(t)
 	require.Len(t, recs, 2)
 	assert.Contains(t, recs[0]["err"], "status 503: try later")
-	assert.Equal(t, "warn", strings.ToLower(recs[0]["level"].(string)))
+	assert.Equal(t, "info", strings.ToLower(recs[0]["level"].(string)), "a retry is routine: logged at info")
 	assert.Contains(t, recs[1]["err"], "deadline exceeded")
 }
 

@@ -49,6 +49,8 @@ const (
 //     writer reads them without it (it is their only writer) and writes them
 //     under it; everyone else reads them under it.
 type Log struct {
+	reqPool sync.Pool // requests with their done channel: see getRequest
+
 	dir  string
 	opts Options
 	fs   fileSystem
@@ -230,20 +232,30 @@ type request struct {
 	done chan error // receives the outcome; nil for CommitAsync
 }
 
-// reqPool holds requests with their done channel, for Commit and Sync: the
-// writer is done with a request once it has sent on done.
-var reqPool = sync.Pool{New: func() any { return &request{done: make(chan error, 1)} }}
+// getRequest returns a request with its done channel, for Commit and Sync,
+// from the log's own pool (putRequest gives it back once the writer has sent
+// on done). The pool is the log's, not the package's, so that a channel never
+// outlives the log that made it: a log opened in a testing/synctest bubble
+// keeps its channels there.
+func (l *Log) getRequest() *request {
+	if r, ok := l.reqPool.Get().(*request); ok {
+		return r
+	}
+	return &request{done: make(chan error, 1)}
+}
+
+func (l *Log) putRequest(r *request) { l.reqPool.Put(r) }
 
 // call sends a request for rec (a Commit) or a sync to the writer and waits for its answer.
 func (l *Log) call(rec []byte, sync bool) error {
-	r := reqPool.Get().(*request)
+	r := l.getRequest()
 	r.rec, r.sync = rec, sync
 	err := l.send(r)
 	if err == nil {
 		err = <-r.done
 	}
 	r.rec = nil
-	reqPool.Put(r)
+	l.putRequest(r)
 	return err
 }
 
@@ -294,11 +306,11 @@ func (l *Log) CommitAsync(b *Batch) error {
 	wake, behind := l.async.add(rec)
 	if behind {
 		// Wait for the writer to take what is waiting, like a full reqs.
-		r := reqPool.Get().(*request)
+		r := l.getRequest()
 		r.rec, r.sync = nil, false
 		l.enqueue(r)
 		err := <-r.done
-		reqPool.Put(r)
+		l.putRequest(r)
 		return err
 	} else if wake {
 		l.enqueue(&request{})

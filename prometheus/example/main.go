@@ -30,30 +30,27 @@ func main() {
 }
 
 func run() error {
-	mq := tinymq.New()
-	c, err := tinymqprom.NewCollector(mq)
-	if err != nil {
-		return err
-	}
+	// One option: every queue and every consumer of the MQ is measured, and
+	// the metrics are registered with reg.
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(c)
+	mq := tinymq.New(tinymqprom.Instrument(reg))
 
 	// Payments fail for odd amounts, are retried once, then dead-lettered.
-	err = mq.RegisterQueue("payments", tinymq.Fanout, c.Instrument(func(_ context.Context, m *tinymq.Msg) error {
+	err := tinymq.RegisterHandler(mq, "payments", tinymq.Fanout, func(_ context.Context, amount int) error {
 		time.Sleep(time.Millisecond) // the work
-		if m.Data.(int)%2 == 1 {
+		if amount%2 == 1 {
 			return errors.New("card declined")
 		}
 		return nil
-	}), 2, tinymq.WithQueueName("charge"),
+	}, 2, tinymq.WithQueueName("charge"),
 		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: 5 * time.Millisecond}),
 		tinymq.WithDeadLetter("payments.dead", ""))
 	if err != nil {
 		return err
 	}
-	err = mq.RegisterQueue("payments.dead", tinymq.Fanout, c.Instrument(func(context.Context, *tinymq.Msg) error {
+	err = mq.RegisterQueue("payments.dead", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
 		return nil // file it for a human
-	}), 1, tinymq.WithQueueName("charge-dead"))
+	}, 1, tinymq.WithQueueName("charge-dead"))
 	if err != nil {
 		return err
 	}
@@ -100,7 +97,7 @@ func run() error {
 			continue
 		}
 		for _, want := range []string{"_delivered_total", "_succeeded_total", "_retried_total",
-			"_dead_lettered_total", "_messages_ready", "_seconds_count", "le=\"0.005\""} {
+			"_dead_lettered_total", "_messages_ready", "_consumers", "_calls_stuck", "_seconds_count", "le=\"0.005\""} {
 			if strings.Contains(line, want) {
 				fmt.Println(" ", line)
 			}

@@ -1,7 +1,11 @@
 // Command example routes a few orders through a watermill Router running on
-// TinyMQ: a handler turns each order into an invoice on another topic, with
-// the Recoverer and Retry middlewares, and a second handler prints the
-// invoices. It exits once every invoice is printed.
+// TinyMQ. The billing handler turns each order into an invoice on another
+// topic; its consumer group's queue has TinyMQ's native retry and a
+// dead-letter topic, so an order that fails once is billed on its second
+// attempt and one that always fails ends on "orders.dead", while the orders
+// behind them go on. A desk handler prints the invoices and the dead letter,
+// and an audit handler, subscribed without a group, sees every order from a
+// queue of its own. It exits once everything is printed.
 //
 //	go run ./example
 package main
@@ -11,6 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
+	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -28,17 +35,32 @@ func main() {
 }
 
 func run() error {
-	mq := tinymq.New()
+	// TinyMQ logs each retry and dead letter as a warning; this example
+	// prints its own lines, so it keeps only errors (such as a lost message).
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	mq := tinymq.New(tinymq.WithLogger(logger))
 	if err := mq.Start(context.Background()); err != nil {
 		return err
 	}
-	defer mq.Stop() // last: after the router has closed its publisher and subscriber
+	defer mq.Stop() // last: after the router has closed its publisher and subscribers
 
 	pub, err := tinymqwatermill.NewPublisher(mq, tinymqwatermill.PublisherConfig{})
 	if err != nil {
 		return err
 	}
-	sub, err := tinymqwatermill.NewSubscriber(mq, tinymqwatermill.SubscriberConfig{ConsumerGroup: "billing"})
+	billing, err := tinymqwatermill.NewSubscriber(mq, tinymqwatermill.SubscriberConfig{
+		ConsumerGroup:   "billing",
+		Retry:           &tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond},
+		DeadLetterTopic: "orders.dead",
+	})
+	if err != nil {
+		return err
+	}
+	desk, err := tinymqwatermill.NewSubscriber(mq, tinymqwatermill.SubscriberConfig{ConsumerGroup: "desk"})
+	if err != nil {
+		return err
+	}
+	audit, err := tinymqwatermill.NewSubscriber(mq, tinymqwatermill.SubscriberConfig{}) // no group: broadcast
 	if err != nil {
 		return err
 	}
@@ -47,25 +69,35 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	router.AddMiddleware(
-		middleware.Retry{MaxRetries: 3, InitialInterval: 10 * time.Millisecond}.Middleware,
-		middleware.Recoverer,
-	)
+	router.AddMiddleware(middleware.Recoverer) // a panic is an error: a Nack, retried by TinyMQ
 
-	failedOnce := false
-	router.AddHandler("bill", "orders", sub, "invoices", pub, func(msg *message.Message) ([]*message.Message, error) {
-		if !failedOnce { // the first attempt fails; Retry tries again
-			failedOnce = true
-			return nil, errors.New("billing service unavailable")
+	var failedOnce atomic.Bool
+	router.AddHandler("bill", "orders", billing, "invoices", pub, func(msg *message.Message) ([]*message.Message, error) {
+		order := string(msg.Payload)
+		switch {
+		case order == "bad order":
+			return nil, errors.New("cannot bill a bad order") // every attempt: dead-lettered
+		case order == "order 1" && failedOnce.CompareAndSwap(false, true):
+			return nil, errors.New("billing service unavailable") // the first attempt: retried
 		}
-		invoice := fmt.Sprintf("invoice for %s", msg.Payload)
-		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(invoice))}, nil
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte("invoice for "+order))}, nil
 	})
 
-	const orders = 3
-	printed := make(chan struct{}, orders)
-	router.AddConsumerHandler("print", "invoices", sub, func(msg *message.Message) error {
+	printed := make(chan struct{}, 8)
+	router.AddConsumerHandler("print invoices", "invoices", desk, func(msg *message.Message) error {
 		fmt.Println(string(msg.Payload))
+		printed <- struct{}{}
+		return nil
+	})
+	router.AddConsumerHandler("print dead letters", "orders.dead", desk, func(msg *message.Message) error {
+		fmt.Printf("dead letter: %s (%s after %s attempts)\n", msg.Payload,
+			msg.Metadata.Get(tinymqwatermill.DeathReasonKey), msg.Metadata.Get(tinymqwatermill.DeathAttemptsKey))
+		printed <- struct{}{}
+		return nil
+	})
+	var audited atomic.Int32
+	router.AddConsumerHandler("audit", "orders", audit, func(*message.Message) error {
+		audited.Add(1)
 		printed <- struct{}{}
 		return nil
 	})
@@ -74,21 +106,23 @@ func run() error {
 	go func() { ran <- router.Run(context.Background()) }()
 	<-router.Running()
 
-	for i := 1; i <= orders; i++ {
-		order := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "order %d", i))
-		if err := pub.Publish("orders", order); err != nil {
+	orders := []string{"order 1", "bad order", "order 2", "order 3"}
+	for _, order := range orders {
+		if err := pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte(order))); err != nil {
 			return err
 		}
 	}
-	for range orders {
+	// Three invoices, one dead letter, and the audit of every order.
+	for range 3 + 1 + len(orders) {
 		select {
 		case <-printed:
 		case <-time.After(10 * time.Second):
-			return errors.New("invoices did not arrive")
+			return errors.New("the invoices, dead letter and audits did not all arrive")
 		}
 	}
+	fmt.Printf("audit saw %d orders\n", audited.Load())
 
-	// Close closes the handlers' publisher and subscriber too.
+	// Close closes the handlers' publisher and subscribers too.
 	if err := router.Close(); err != nil {
 		return err
 	}
