@@ -211,12 +211,28 @@ func (m *MQ) publishOnce(ctx context.Context, exchange string, r *records) error
 			}
 		}
 		r.dedup = &dedupClaim{t: t, e: e}
-		err := m.publishRecords(ctx, exchange, r)
-		if drops := t.settle(e, err == nil, r.pc.dedupLogged, time.Now()); drops != nil {
-			m.dropDedupRecords(ex.name, drops)
-		}
-		return err
+		return m.publishClaimed(ctx, ex, r, e)
 	}
+}
+
+// publishClaimed routes r, whose ID e claims, and settles the claim. A filter
+// or a codec that calls runtime.Goexit ends the publisher's goroutine inside
+// publishRecords: the claim is then settled as failed on the way out, so
+// that the publishes of the same ID that wait for it go on.
+func (m *MQ) publishClaimed(ctx context.Context, ex *exchange, r *records, e *dedupEntry) error {
+	t := ex.dedup
+	returned := false
+	defer func() {
+		if !returned {
+			t.settle(e, false, false, time.Now())
+		}
+	}()
+	err := m.publishRecords(ctx, ex.name, r)
+	returned = true
+	if drops := t.settle(e, err == nil, r.pc.dedupLogged, time.Now()); drops != nil {
+		m.dropDedupRecords(ex.name, drops)
+	}
+	return err
 }
 
 // userCode is called by a publish before it runs user code that may publish

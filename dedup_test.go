@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -501,6 +502,36 @@ func TestDeduplicationFilterPanicForgetsTheID(t *testing.T) {
 	var pe *tinymq.PanicError
 	require.ErrorAs(t, m.Publish("ev", 1, tinymq.WithDeduplicationID("x")), &pe)
 	require.NoError(t, m.Publish("ev", 2, tinymq.WithDeduplicationID("x")))
+	assert.Equal(t, 2, (<-got).Data)
+	assert.Zero(t, m.Stats().Exchanges["ev"].Duplicates)
+}
+
+// A filter that calls runtime.Goexit ends the publisher's goroutine in the
+// middle of a deduplicated publish: its ID is not left claimed, so a later
+// publish of the ID neither waits forever nor is taken for a duplicate.
+func TestDeduplicationFilterGoexitForgetsTheID(t *testing.T) {
+	m := tinymq.New(quiet())
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout, tinymq.WithDeduplication(time.Hour)))
+	var exited atomic.Bool
+	got := make(chan *tinymq.Msg, 10)
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, sink(got), 1, tinymq.WithQueueName("q"),
+		tinymq.WithFilter(func(*tinymq.Msg) bool {
+			if exited.CompareAndSwap(false, true) {
+				runtime.Goexit()
+			}
+			return true
+		})))
+	require.NoError(t, m.Start(context.Background()))
+	defer stopWithin(t, m)
+	gone := make(chan struct{})
+	go func() {
+		defer close(gone)
+		_ = m.Publish("ev", 1, tinymq.WithDeduplicationID("x"))
+	}()
+	<-gone
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	require.NoError(t, m.PublishContext(ctx, "ev", 2, tinymq.WithDeduplicationID("x")))
 	assert.Equal(t, 2, (<-got).Data)
 	assert.Zero(t, m.Stats().Exchanges["ev"].Duplicates)
 }
