@@ -148,9 +148,9 @@ func TestPurgeRemovesTheWaitingMessages(t *testing.T) {
 
 func TestDeleteRemovesTheQueue(t *testing.T) {
 	mq := parked(t, 2)
+	require.NoError(t, mq.PauseQueue("parked")) // before the consumer, which would take the messages
 	_, err := mq.Consume("parked", func(context.Context, *tinymq.Msg) error { return nil }, 1)
 	require.NoError(t, err)
-	require.NoError(t, mq.PauseQueue("parked"))
 	require.NoError(t, mq.DeclareQueue("spare", "in", tinymq.Fanout))
 	h := admin.Handler(mq, admin.WithActions())
 	token := tokenOf(t, h)
