@@ -12,15 +12,21 @@ const chunkSize = 64
 // key, headers or deaths), else one Msg made by the publish. The worker makes
 // the consumer's Msg from m, id and data (a direct consumer needs none), so
 // that Publish allocates at most one record, whatever the number of queues,
-// and a queued message costs a queue 32 bytes. A message that a durable
+// and a queued message costs a queue 40 bytes. A message that a durable
 // queue restored from the log is a restored entry: m is restoredMark and
 // data a *restored, its key in the log; entry.msg makes it a Msg without its
 // value (lazyMsg), which the worker reads (queue.load). Any other entry owns
 // m, complete with its ID and Data, and the worker delivers m itself.
+//
+// at is when the entry became ready in the queue (UnixNano from the
+// scheduler's coarse clock, see scheduler.stamp): published, or due after a
+// delay or a retry backoff, or restored from the log; QueueStats.OldestAge
+// reads it.
 type entry struct {
 	m    *Msg
 	id   uint64
 	data any
+	at   int64
 }
 
 // msg returns the Msg to deliver for e, allocating it for a shared entry.

@@ -150,6 +150,10 @@ var promises = []struct {
 	{"Stats and Topology show each queue's consumers and whether it is paused, and what deletes and purges removed (Stats.Deleted, DeletedQueues, ExpiredQueues, Removed, Purged)", []string{
 		"TestStatsAndTopologyShowConsumersPausesAndDeletes", "TestDeletedQueueCountsWhatEndsAfterItsDelete",
 	}},
+	{"QueueStats.OldestAge is how long the oldest ready message waited (in a batch, a group's backlog, after a retry backoff, across a restart), at most a clock tick more, never less", []string{
+		"TestOldestAgeIsHowLongTheOldestReadyMessageWaited", "TestOldestAgeCountsFromTheEndOfARetryBackoff",
+		"TestOldestAgeSeesGroupBacklogs", "TestOldestAgeOfARestoredMessageCountsFromBeforeTheRestart",
+	}},
 	{"A publish racing a delete or an unbind is all or nothing: it reaches the queue before the change (and is counted in what a delete removed) or not at all", []string{
 		"TestPublishRacingDeleteOrUnbindIsAllOrNothing",
 	}},

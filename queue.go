@@ -352,6 +352,7 @@ func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) 
 		q.scheduled++ // a grouped one finds its group's place when it is due (see release)
 		return evicted, false
 	}
+	e.at = q.mq.sched.stamp()
 	if q.cfg.groups && q.holdGroupLocked(e) {
 		return evicted, false // its group has a message out: it waits behind it
 	}
@@ -565,12 +566,13 @@ func (q *queue) release(m *Msg, gen uint32) {
 		return
 	}
 	q.scheduled--
-	if q.cfg.groups && m.Attempt == 0 && q.holdGroupLocked(entry{m: m}) {
+	e := entry{m: m, at: q.mq.sched.stamp()}
+	if q.cfg.groups && m.Attempt == 0 && q.holdGroupLocked(e) {
 		// A delayed message whose group has a message out: it waits behind it.
 		q.mu.Unlock()
 		return
 	}
-	q.buf.push(entry{m: m})
+	q.buf.push(e)
 	wake := q.wakeOneLocked()
 	expiry := q.armExpiryLocked()
 	q.mu.Unlock()
@@ -752,6 +754,7 @@ func (q *queue) restore(entries iter.Seq2[entry, int64], now int64) (evicted []e
 			later = append(later, schedItem{due: time.Unix(0, due), q: q, m: e.m})
 			continue
 		}
+		e.at = due // when it became ready, before the restart
 		if q.cfg.groups && q.holdGroupLocked(e) {
 			continue
 		}

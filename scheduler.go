@@ -3,6 +3,7 @@ package tinymq
 import (
 	"container/heap"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tinymq/tinymq/internal/guard"
@@ -14,12 +15,36 @@ import (
 // is due (rate). One goroutine, run, owns the timer; it
 // is started by Start and joined by Stop. Its lock is never held with a
 // queue's: run releases it before it calls into a queue, and queues call add
-// after releasing theirs.
+// after releasing theirs. run also keeps the coarse clock that stamps what
+// enters a queue (see stamp).
 type scheduler struct {
 	mu    sync.Mutex
 	items schedHeap
-	wake  chan struct{} // a new earliest item: re-arm the timer
+	wake  chan struct{} // a new earliest item: re-arm the timer; or the clock restarted
+
+	// clock is a coarse wall clock, in UnixNano: clockOff while run is not
+	// running (before Start, after Stop), 0 while it does not tick, else
+	// the time of its last tick. Enqueues read it (an atomic load of a
+	// line that changes every clockTick), where time.Now would cost more
+	// than the rest of the hand-off. It has a cache line of its own.
+	_     [64]byte
+	clock atomic.Int64
+	_     [56]byte
 }
+
+const (
+	// clockOff marks the clock of a scheduler that does not run: stamp reads
+	// the time itself.
+	clockOff = -1
+	// clockTick is how often run refreshes the clock while it ticks: a
+	// stamp is at most about this much (and the scheduling delay of run)
+	// earlier than the truth, never later.
+	clockTick = 10 * time.Millisecond
+	// clockRun is how long the clock ticks once a stamp started it; the
+	// first stamp after that starts it again, so that an idle MQ does not
+	// wake every clockTick.
+	clockRun = time.Second
+)
 
 type schedItem struct {
 	due time.Time
@@ -47,7 +72,32 @@ func (h *schedHeap) Pop() any {
 }
 
 func newScheduler() *scheduler {
-	return &scheduler{wake: make(chan struct{}, 1)}
+	s := &scheduler{wake: make(chan struct{}, 1)}
+	s.clock.Store(clockOff)
+	return s
+}
+
+// stamp returns the time, in UnixNano, at which an entry enters a queue (see
+// QueueStats.OldestAge): the coarse clock while it ticks, else the time
+// itself, and then the clock starts ticking again (when run runs).
+func (s *scheduler) stamp() int64 {
+	t := s.clock.Load()
+	if t > 0 {
+		return t
+	}
+	now := time.Now().UnixNano()
+	if t == 0 && s.clock.CompareAndSwap(0, now) {
+		s.poke()
+	}
+	return now
+}
+
+// poke wakes run without blocking.
+func (s *scheduler) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // add schedules it: its message to move into its queue at its due time
@@ -59,10 +109,7 @@ func (s *scheduler) add(it schedItem) {
 	heap.Push(&s.items, it)
 	s.mu.Unlock()
 	if first {
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
+		s.poke()
 	}
 }
 
@@ -91,12 +138,15 @@ func (s *scheduler) dropQueue(q *queue, msgs bool) (dropped []schedItem) {
 func (s *scheduler) run(quit <-chan struct{}, wg *sync.WaitGroup, own *guard.Owned) {
 	id := own.Enter()
 	defer func() {
+		s.clock.Store(clockOff)
 		own.Leave(id)
 		wg.Done()
 	}()
+	s.clock.Store(0)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var due []schedItem
+	var ticking time.Time // when the clock started ticking; zero: it does not
 	for {
 		s.mu.Lock()
 		now := time.Now()
@@ -108,6 +158,22 @@ func (s *scheduler) run(quit <-chan struct{}, wg *sync.WaitGroup, own *guard.Own
 			wait = s.items[0].due.Sub(now)
 		}
 		s.mu.Unlock()
+		if s.clock.Load() > 0 { // ticking, or a stamp started it
+			if ticking.IsZero() {
+				ticking = now
+			}
+			if now.Sub(ticking) >= clockRun {
+				// Stop; a stamp that read the last tick is at most a
+				// tick old, and the next stamp starts the clock again.
+				s.clock.Store(0)
+				ticking = time.Time{}
+			} else {
+				s.clock.Store(now.UnixNano())
+				if wait < 0 || wait > clockTick {
+					wait = clockTick
+				}
+			}
+		}
 		for i, it := range due {
 			switch {
 			case it.expire:

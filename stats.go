@@ -53,6 +53,16 @@ type QueueStats struct {
 	Scheduled int
 	// InFlight is how many messages are in the consumer now.
 	InFlight int
+	// OldestAge is how long the oldest ready message has waited for a
+	// consumer: since it was published into the queue, or its delay or
+	// retry backoff ended, or (restored from the log) since that happened
+	// before the restart. It is zero when no message is ready, and on an
+	// engine. It is read from a clock that the MQ refreshes every 10 ms
+	// while messages come in, so it may be up to about that much more than
+	// the truth, never less. A group's next message counts from the head
+	// of its group's backlog, and once it joined the queue, from when it
+	// reaches the head.
+	OldestAge time.Duration
 
 	// Accepted counts the messages published into the queue.
 	Accepted uint64
@@ -172,6 +182,7 @@ func (q *queue) stats() QueueStats {
 	qs := QueueStats{Ready: q.buf.n + q.batchedLocked() + q.grouped, Scheduled: q.scheduled, Accepted: q.accepted,
 		Consumers: len(q.subs), Paused: q.paused}
 	qs.InFlight = int(q.inFlightLocked())
+	oldest := q.oldestLocked()
 	qs.Abandoned = q.abandoned
 	c := &q.c
 	// What ended is read before what began, so that no snapshot shows more
@@ -179,6 +190,9 @@ func (q *queue) stats() QueueStats {
 	qs.Succeeded, qs.Failed = q.succeededLocked(), c.failed.Load()
 	qs.Delivered = q.deliveredLocked()
 	q.mu.Unlock()
+	if oldest != 0 {
+		qs.OldestAge = max(time.Duration(time.Now().UnixNano()-oldest), 0)
+	}
 	qs.Depth = qs.Ready + qs.Scheduled
 	qs.Durable = q.cfg.durable
 	qs.Retried, qs.DeadLettered, qs.Expired = c.retried.Load(), c.deadLettered.Load(), c.expired.Load()
@@ -188,6 +202,36 @@ func (q *queue) stats() QueueStats {
 	qs.TimedOut = c.timedOut.Load()
 	qs.ConsumerTime = q.hist.snapshot()
 	return qs
+}
+
+// oldestLocked returns the stamp (entry.at) of the oldest ready entry, or 0
+// when none is ready: the head of buf, the first unclaimed entry of each
+// worker's batch, and the head of each group's backlog. (Entries enter buf
+// in the order of their stamps, except a group's next message, which joins
+// its tail with the stamp it got in the backlog.) q.mu is held.
+func (q *queue) oldestLocked() int64 {
+	var at int64
+	older := func(t int64) {
+		if t != 0 && (at == 0 || t < at) {
+			at = t
+		}
+	}
+	if h := q.buf.peek(); h != nil {
+		older(h.at)
+	}
+	for _, w := range q.workers {
+		if w.n-int(w.next.Load()) > 0 {
+			older(w.at)
+		}
+	}
+	if q.grouped > 0 {
+		for _, st := range q.groups {
+			if h := st.waiting.peek(); h != nil {
+				older(h.at)
+			}
+		}
+	}
+	return at
 }
 
 // add adds o's counts to s: the sum of deleted queues. Their times are not

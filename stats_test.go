@@ -412,3 +412,141 @@ func TestAbandonedIsBoundedPerSubscription(t *testing.T) {
 		assertLedger(t, "q", m.Stats().Queues["q"])
 	})
 }
+
+// clockSlack is how much older than the truth OldestAge may say a message is
+// (the MQ's coarse clock ticks every 10 ms); in a synctest bubble the tick
+// is exact, so the slack is one tick.
+const clockSlack = 10 * time.Millisecond
+
+func TestOldestAgeIsHowLongTheOldestReadyMessageWaited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout))
+		require.NoError(t, m.Start(context.Background()))
+		defer m.Stop()
+		synctest.Wait() // the scheduler, which keeps the clock, runs
+		age := func() time.Duration { return m.Stats().Queues["q"].OldestAge }
+		assert.Zero(t, age(), "nothing waits")
+
+		require.NoError(t, m.Publish("ev", "a"))
+		time.Sleep(500 * time.Millisecond) // the clock ticks meanwhile
+		require.NoError(t, m.Publish("ev", "b"))
+		time.Sleep(3 * time.Second) // the clock stops ticking after a second
+		require.NoError(t, m.Publish("ev", "c"))
+		time.Sleep(2 * time.Second)
+		got := age()
+		assert.GreaterOrEqual(t, got, 5500*time.Millisecond, "a waited 5.5s")
+		assert.LessOrEqual(t, got, 5500*time.Millisecond+clockSlack)
+
+		// One worker takes a and b in one batch: a is in the consumer, b
+		// waits in the batch, c in the queue.
+		release := make(chan struct{})
+		sub, err := m.Consume("q", func(ctx context.Context, msg *tinymq.Msg) error {
+			if msg.Data == "a" {
+				<-release
+			}
+			return nil
+		}, 1)
+		require.NoError(t, err)
+		synctest.Wait()
+		require.Equal(t, 1, m.Stats().Queues["q"].InFlight)
+		got = age()
+		assert.GreaterOrEqual(t, got, 5*time.Second, "b waited 5s (a is in the consumer, not ready)")
+		assert.LessOrEqual(t, got, 5*time.Second+clockSlack)
+
+		close(release)
+		synctest.Wait()
+		assert.Zero(t, age(), "drained")
+		require.NoError(t, sub.Cancel(context.Background()))
+
+		// A message published after the clock stopped is stamped exactly.
+		time.Sleep(5 * time.Second)
+		require.NoError(t, m.Publish("ev", "d"))
+		time.Sleep(1234 * time.Millisecond)
+		got = age()
+		assert.GreaterOrEqual(t, got, 1234*time.Millisecond)
+		assert.LessOrEqual(t, got, 1234*time.Millisecond+clockSlack)
+	})
+}
+
+func TestOldestAgeCountsFromTheEndOfARetryBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		var calls atomic.Int32
+		hold := make(chan struct{})
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+			switch calls.Add(1) {
+			case 1:
+				return errors.New("fail once")
+			case 2:
+				<-hold // the retry; "b" waits behind it
+			}
+			return nil
+		}, 1, tinymq.WithQueueName("q"), tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: 10 * time.Second})))
+		require.NoError(t, m.Start(context.Background()))
+		defer m.Stop()
+		require.NoError(t, m.Publish("ev", "a"))
+		synctest.Wait()
+		qs := m.Stats().Queues["q"]
+		require.Equal(t, 1, qs.Scheduled)
+		assert.Zero(t, qs.OldestAge, "a retry backing off is not ready")
+
+		time.Sleep(10 * time.Second) // a is back, in the consumer
+		synctest.Wait()
+		require.NoError(t, m.Publish("ev", "b"))
+		time.Sleep(3 * time.Second)
+		got := m.Stats().Queues["q"].OldestAge
+		assert.GreaterOrEqual(t, got, 3*time.Second, "b, not the retried a that the consumer holds")
+		assert.LessOrEqual(t, got, 3*time.Second+clockSlack)
+		close(hold)
+	})
+}
+
+func TestOldestAgeSeesGroupBacklogs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		hold := make(chan struct{})
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(ctx context.Context, msg *tinymq.Msg) error {
+			if msg.Data == "g1" {
+				<-hold
+			}
+			return nil
+		}, 2, tinymq.WithQueueName("q"), tinymq.WithGroupOrdering()))
+		require.NoError(t, m.Start(context.Background()))
+		defer m.Stop()
+		require.NoError(t, m.Publish("ev", "g1", tinymq.WithMessageGroup("g")))
+		synctest.Wait()
+		require.NoError(t, m.Publish("ev", "g2", tinymq.WithMessageGroup("g")))
+		time.Sleep(4 * time.Second)
+		require.NoError(t, m.Publish("ev", "other")) // delivered at once by the free worker
+		synctest.Wait()
+		qs := m.Stats().Queues["q"]
+		require.Equal(t, 1, qs.Ready, "g2 waits behind g1")
+		assert.GreaterOrEqual(t, qs.OldestAge, 4*time.Second)
+		assert.LessOrEqual(t, qs.OldestAge, 4*time.Second+clockSlack)
+		close(hold)
+		synctest.Wait()
+		assert.Zero(t, m.Stats().Queues["q"].OldestAge)
+	})
+}
+
+func TestOldestAgeOfARestoredMessageCountsFromBeforeTheRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		m := tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", "a"))
+		time.Sleep(2 * time.Second)
+		m.Stop()
+
+		time.Sleep(3 * time.Second)
+		m = tinymq.New(tinymq.WithDataDir(dir))
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithDurable()))
+		require.NoError(t, m.Start(context.Background()))
+		defer m.Stop()
+		got := m.Stats().Queues["q"].OldestAge
+		assert.GreaterOrEqual(t, got, 5*time.Second, "published 5s ago, before the restart")
+		assert.LessOrEqual(t, got, 5*time.Second+clockSlack)
+	})
+}

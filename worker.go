@@ -273,6 +273,10 @@ type worker struct {
 	// so that entries given back (see queue.giveBackLocked) return in order.
 	seq uint64
 	off int
+	// at is the stamp (entry.at) of the batch's first entry after the one
+	// claimed at once, the oldest that waits in it: QueueStats.OldestAge
+	// reads it, under q.mu, for the entries not claimed yet.
+	at int64
 
 	// What this worker handed to the consumer, and what succeeded: counted
 	// here rather than in q.c so that the workers of one queue do not fight
@@ -401,6 +405,9 @@ func (q *queue) refillLocked(w *worker) entry {
 	w.next.Store(1)
 	q.takes++
 	w.seq, w.off = q.takes, 0
+	if n > 1 {
+		w.at = w.batch[1].at
+	}
 	w.held = true
 	q.busy++
 	e := w.batch[0]
@@ -446,6 +453,9 @@ func (q *queue) stealLocked(w *worker) (entry, bool) {
 	w.n = n
 	w.next.Store(1)
 	w.seq, w.off = victim.seq, victim.off+start
+	if n > 1 {
+		w.at = w.batch[1].at
+	}
 	e := w.batch[0]
 	w.batch[0] = entry{}
 	return e, true

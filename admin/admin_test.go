@@ -135,6 +135,7 @@ type Queue struct {
 	Scheduled          int                `json:"scheduled"`
 	InFlight           int                `json:"in_flight"`
 	Abandoned          int                `json:"abandoned"`
+	OldestAgeMillis    float64            `json:"oldest_age_ms"`
 	Counters           map[string]uint64  `json:"counters"`
 	Rates              map[string]float64 `json:"rates"`
 	ConsumerTime       map[string]float64 `json:"consumer_time"`
@@ -763,4 +764,21 @@ func TestHandlerArguments(t *testing.T) {
 		ov, _ := overview(t, admin.Handler(mq, tc.opt, admin.WithRateWindow(-1)))
 		assert.Equal(t, tc.want, ov.RefreshMillis)
 	}
+}
+
+// The page shows how long the oldest ready message of each queue has waited.
+func TestOverviewShowsTheOldestMessagesAge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mq := tinymq.New()
+		require.NoError(t, mq.DeclareQueue("idle", "a", tinymq.Fanout))
+		require.NoError(t, mq.DeclareQueue("waiting", "b", tinymq.Fanout))
+		require.NoError(t, mq.Start(context.Background()))
+		defer mq.Stop()
+		require.NoError(t, mq.Publish("b", "job"))
+		time.Sleep(42 * time.Second)
+		ov, _ := overview(t, admin.Handler(mq))
+		require.Len(t, ov.Queues, 2)
+		assert.Zero(t, ov.Queues[0].OldestAgeMillis, "idle")
+		assert.InDelta(t, 42000, ov.Queues[1].OldestAgeMillis, 10, "the job waited 42s")
+	})
 }

@@ -164,6 +164,9 @@ type queueView struct {
 	Ready                 int     `json:"ready"`
 	Scheduled             int     `json:"scheduled"`
 	InFlight              int     `json:"in_flight"`
+	// OldestAgeMillis is how long the oldest ready message has waited
+	// (QueueStats.OldestAge); 0 when none is ready.
+	OldestAgeMillis float64 `json:"oldest_age_ms"`
 	// Abandoned is how many calls outlived the delivery timeout and still
 	// run (QueueStats.Abandoned): not in InFlight.
 	Abandoned    int          `json:"abandoned"`
@@ -624,6 +627,7 @@ func (h *handler) queueViewOf(qi *tinymq.QueueInfo, qs tinymq.QueueStats, base s
 		GroupOrdering:         qi.GroupOrdering,
 		PayloadType:           clip(qi.PayloadType),
 		Abandoned:             qs.Abandoned,
+		OldestAgeMillis:       millis(qs.OldestAge),
 		ConsumerTime: consumerTime{
 			Samples:    qs.ConsumerTime.Samples,
 			MeanMillis: millis(qs.ConsumerTime.Mean),

@@ -380,6 +380,7 @@ const pageScript = `
     $("panel-depth").setAttribute("data-value", String(num(q.depth)));
     $("panel-counts").textContent = fmtInt(q.ready) + " ready, " + fmtInt(q.scheduled) + " scheduled, " +
       fmtInt(q.in_flight) + " in flight, " + fmtInt(q.abandoned) + " abandoned" +
+      (num(q.oldest_age_ms) > 0 ? " \u00b7 oldest waited " + fmtMs(q.oldest_age_ms) : "") +
       " \u00b7 accepted " + fmtInt(c.accepted) + ", succeeded " + fmtInt(c.succeeded) +
       ", dead-lettered " + fmtInt(c.dead_lettered) + ", dropped " + fmtInt(c.dropped) + ", purged " + fmtInt(c.purged) +
       ", replayed " + fmtInt(c.replayed) + ", undelivered " + fmtInt(c.undelivered) + ", timed out " + fmtInt(c.timed_out);

@@ -139,6 +139,8 @@ var queueGauges = [...]struct {
 	{"messages_scheduled", "Messages of the queue waiting for a delay or a retry backoff to pass.",
 		func(s *tinymq.QueueStats) float64 { return float64(s.Scheduled) }},
 	{"messages_in_flight", "Messages of the queue inside its consumer now.", func(s *tinymq.QueueStats) float64 { return float64(s.InFlight) }},
+	{"oldest_message_age_seconds", "How long the oldest ready message of the queue has waited for a consumer (up to about 10 ms more than the truth); 0 when none is ready, and on an engine.",
+		func(s *tinymq.QueueStats) float64 { return s.OldestAge.Seconds() }},
 	{"calls_abandoned", "Consumer calls of the queue that outlived WithDeliveryTimeout and still run, their worker slots taken by new goroutines.",
 		func(s *tinymq.QueueStats) float64 { return float64(s.Abandoned) }},
 	{"consumers", "Consumers of the queue: its RegisterQueue's and each Consume not cancelled.",

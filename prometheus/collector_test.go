@@ -985,3 +985,20 @@ func TestWrappedRegistererAddsLabelsToEveryScrape(t *testing.T) {
 	}
 	mq.Stop()
 }
+
+func TestOldestMessageAgeIsExported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mq := tinymq.New()
+		require.NoError(t, mq.DeclareQueue("idle", "ev", tinymq.Fanout))
+		require.NoError(t, mq.DeclareQueue("waiting", "work", tinymq.Fanout))
+		require.NoError(t, mq.Start(context.Background()))
+		defer mq.Stop()
+		require.NoError(t, mq.Publish("work", "job"))
+		time.Sleep(90 * time.Second)
+		c, err := tinymqprom.NewCollector(mq)
+		require.NoError(t, err)
+		got := values(t, c, "tinymq_queue_oldest_message_age_seconds")
+		assert.Equal(t, 0.0, got["idle"], "nothing waits")
+		assert.InDelta(t, 90, got["waiting"], 0.011, "the job has waited 90s")
+	})
+}
