@@ -28,3 +28,28 @@ func TestEngineRefusesDurableQueuesAndADataDir(t *testing.T) {
 	require.ErrorIs(t, withDir.Start(context.Background()), tinymq.ErrUnsupported)
 	withDir.Stop()
 }
+
+// An Engine serves one MQ: a second MQ given the same one fails every call,
+// and the first goes on as before; once the first has shut down, the Engine
+// is free again.
+func TestEngineServingAnotherMQIsRefused(t *testing.T) {
+	e := &hEngine{specs: map[string]tinymq.QueueSpec{}}
+	first := tinymq.New(tinymq.WithEngine(e))
+	require.NoError(t, first.DeclareQueue("a", "ev", tinymq.Fanout))
+
+	second := tinymq.New(tinymq.WithEngine(e))
+	require.ErrorIs(t, second.DeclareQueue("b", "ev", tinymq.Fanout), tinymq.ErrInvalidOption)
+	require.ErrorIs(t, second.Publish("ev", "x"), tinymq.ErrInvalidOption)
+	require.ErrorIs(t, second.Start(context.Background()), tinymq.ErrInvalidOption)
+	second.Stop()
+	assert.NotContains(t, e.specs, "b", "the second MQ reached nothing")
+
+	require.NoError(t, first.DeclareQueue("c", "ev", tinymq.Fanout), "the first MQ is unaffected")
+	require.NoError(t, first.Start(context.Background()))
+	require.NoError(t, first.Publish("ev", "y"))
+	first.Stop()
+
+	third := tinymq.New(tinymq.WithEngine(e))
+	require.NoError(t, third.DeclareQueue("d", "ev", tinymq.Fanout), "free once the first shut down")
+	third.Stop()
+}

@@ -94,13 +94,16 @@ type MQ struct {
 	// delete's or a purge's: durableLog.deleteQueue takes the MQ's read lock
 	// before d.mu, and waits for the sync with neither), which waits for the
 	// log's writer only when a segment's worth is already waiting.
-	log       *slog.Logger
-	codec     Codec
-	engine    Engine // nil: in memory
-	dataDir   string
-	syncEvery time.Duration
-	repairLog bool
-	maxSize   int // WithMaxMessageSize; 0: defaultMaxMessageSize
+	log    *slog.Logger
+	codec  Codec
+	engine Engine // nil: in memory
+	// boundEngine is the engine while boundEngines holds it for m: until
+	// Shutdown (see bindEngine).
+	boundEngine Engine
+	dataDir     string
+	syncEvery   time.Duration
+	repairLog   bool
+	maxSize     int // WithMaxMessageSize; 0: defaultMaxMessageSize
 
 	middleware    []Middleware        // WithMiddleware, outermost first
 	pubMiddleware []PublishMiddleware // WithPublishMiddleware, outermost first
@@ -201,6 +204,10 @@ func (m *MQ) init() {
 		m.done = make(chan struct{})
 		m.aborted = make(chan struct{})
 		if m.engine != nil {
+			var bound bool
+			if m.engine, bound = bindEngine(m, m.engine); bound {
+				m.boundEngine = m.engine
+			}
 			m.engine.Init(EngineConfig{Logger: m.log, Codec: m.codec, Forget: m.forgetOnEngine})
 		}
 	})
@@ -532,6 +539,9 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 		// the write lock while the engine waits for the broker, and the
 		// engine's shutdown ends that wait (and refuses what comes after it).
 		err := m.engine.Shutdown(ctx)
+		if m.boundEngine != nil {
+			unbindEngine(m, m.boundEngine)
+		}
 		m.stopOnce.Do(func() {
 			m.mu.Lock()
 			m.state = stateStopping

@@ -376,7 +376,9 @@ func WithCodec(c Codec) Option {
 // WithEngine makes the MQ run on e instead of in memory. A nil e, like the
 // default, keeps the MQ in memory.
 // An Engine serves one MQ: give each MQ an option of its own (such as a new
-// amqp.Engine call). See [Engine].
+// amqp.Engine call). An MQ given an Engine that serves another MQ, which has
+// not shut down, fails every call with an error wrapping [ErrInvalidOption],
+// and the other MQ is not affected. See [Engine].
 func WithEngine(e Engine) Option {
 	return optionFunc(func(m *MQ) {
 		if e != nil {
