@@ -12,6 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tinymq/tinymq"
+	"github.com/tinymq/tinymq/amqp"
 )
 
 // stamp is the benchmarks' payload: when it was published.
@@ -177,4 +178,42 @@ func benchDirect(b *testing.B) {
 	}, recv)
 	_ = sub.Close()
 	wg.Wait()
+}
+
+// BenchmarkQuorumVsClassic compares, in one run on the three-node test
+// cluster, the pipeline of BenchmarkPublishConsume through this engine on a
+// classic queue and on a quorum queue (WithQuorumQueues: each publish is
+// replicated to a majority of the nodes before its confirm). The cluster's
+// start (about 30 s) is not measured.
+func BenchmarkQuorumVsClassic(b *testing.B) {
+	for _, quorum := range []bool{false, true} {
+		name := "queue=classic"
+		if quorum {
+			name = "queue=quorum"
+		}
+		b.Run(name, func(b *testing.B) {
+			recv := make(chan time.Duration, 1024)
+			urls := cluster(b).URLs()
+			opts := []amqp.Option{amqp.WithNodes(urls[1:]...)}
+			if quorum {
+				opts = append(opts, amqp.WithQuorumQueues())
+			}
+			m := tinymq.New(amqp.Engine(urls[0], opts...), tinymq.WithLogger(logger()))
+			defer m.Stop()
+			q := fmt.Sprintf("bench.%s.%d", name[len("queue="):], time.Now().UnixNano())
+			if err := m.RegisterQueue(q, tinymq.Fanout, stampConsumer(recv), benchWorkers, tinymq.WithQueueName(q)); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Start(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			runPipeline(b, func(s stamp) error { return m.Publish(q, s) }, recv)
+			m.Stop()
+			cleanup := tinymq.New(amqp.Engine(urls[0], opts...))
+			defer cleanup.Stop()
+			if err := cleanup.DeclareQueue(q, q, tinymq.Fanout); err == nil {
+				_, _ = cleanup.DeleteQueue(q) // the benchmark's queues do not pile up on the cluster
+			}
+		})
+	}
 }

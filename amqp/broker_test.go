@@ -19,11 +19,18 @@ func TestBrokerListensOnLoopbackOnly(t *testing.T) {
 	out, err := b.Ctl(context.Background(), "list_queues", "name")
 	require.NoError(t, err, out)
 
+	listensOnLoopbackOnly(t, b.Ports())
+}
+
+// listensOnLoopbackOnly checks that something listens on each port, on
+// 127.0.0.1 or ::1 only.
+func listensOnLoopbackOnly(t *testing.T, ports []int) {
+	t.Helper()
 	ss, err := exec.Command("ss", "-ltn").CombinedOutput()
 	if err != nil {
 		t.Skipf("ss is not available: %v", err)
 	}
-	for _, port := range b.Ports() {
+	for _, port := range ports {
 		suffix := ":" + strconv.Itoa(port)
 		var locals []string
 		for _, line := range strings.Split(string(ss), "\n") {

@@ -67,12 +67,12 @@ func (e *engine) supervise() {
 // session runs one pair of connections (publishing, consuming) until one of
 // them is lost or quit is closed. connected says whether both were up.
 func (e *engine) session() (connected bool, err error) {
-	pubConn, err := e.dial("publish")
+	url, pubConn, err := e.dialNode("publish")
 	if err != nil {
 		return false, err
 	}
 	defer closeConn(pubConn)
-	subConn, err := e.dial("consume")
+	subConn, err := e.dial(url, "consume")
 	if err != nil {
 		return false, err
 	}
@@ -99,7 +99,7 @@ func (e *engine) session() (connected bool, err error) {
 	e.lastErr = nil
 	e.signalLocked()
 	e.mu.Unlock()
-	e.logInfo("tinymq/amqp: connected to the broker")
+	e.logInfo("tinymq/amqp: connected to the broker", "node", nodeAddr(url))
 
 	defer func() {
 		e.mu.Lock()
@@ -166,8 +166,8 @@ func connError(what string, aerr *amqp091.Error) error {
 	return fmt.Errorf("%s lost: %w", what, aerr)
 }
 
-// dial opens one connection with the configured client settings.
-func (e *engine) dial(purpose string) (*amqp091.Connection, error) {
+// dial opens one connection to url with the configured client settings.
+func (e *engine) dial(url, purpose string) (*amqp091.Connection, error) {
 	cfg := e.cfg.amqp
 	cfg.Properties = maps.Clone(cfg.Properties)
 	if cfg.Properties == nil {
@@ -185,7 +185,7 @@ func (e *engine) dial(purpose string) (*amqp091.Connection, error) {
 	if cfg.Dial == nil {
 		cfg.Dial = amqp091.DefaultDial(10 * time.Second)
 	}
-	return amqp091.DialConfig(e.url, cfg)
+	return amqp091.DialConfig(url, cfg)
 }
 
 // signalLocked wakes everyone waiting for the connection state to change.

@@ -105,10 +105,14 @@ func newEngine(url string, opts ...Option) *engine {
 type engine struct {
 	url    string
 	cfg    config
-	forget func(queue string) // the MQ's EngineConfig.Forget, or nil
-	cfgErr error              // an invalid URL or option: every call returns it
-	ids    *idSource
-	inits  atomic.Int32 // calls of Init: more than one is a second MQ on this engine
+	cursor nodeCursor // the next node to try (the supervisor's)
+	// nackReset is when a nack last replaced the publishing channel
+	// (UnixNano; see afterNack).
+	nackReset atomic.Int64
+	forget    func(queue string) // the MQ's EngineConfig.Forget, or nil
+	cfgErr    error              // an invalid URL or option: every call returns it
+	ids       *idSource
+	inits     atomic.Int32 // calls of Init: more than one is a second MQ on this engine
 
 	// maxSize is the largest body the broker takes, as far as the engine
 	// knows: RabbitMQ's ceiling, lowered to the broker's max_message_size when
@@ -311,13 +315,13 @@ func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 	if spec.Expiry > 0 {
 		args["x-expires"] = millis(spec.Expiry)
 	}
-	steps = append(steps, step{kind: stepQueue, name: spec.Name, args: args})
+	steps = append(steps, step{kind: stepQueue, name: spec.Name, args: e.userQueueArgs(spec, args)})
 	for i, w := range proto.waitQs {
 		steps = append(steps,
-			step{kind: stepQueue, name: w, args: amqp091.Table{
+			step{kind: stepQueue, name: w, args: e.helperQueueArgs(amqp091.Table{
 				"x-message-ttl":          proto.waits[i],
 				"x-dead-letter-exchange": requeueExchange,
-			}},
+			})},
 			step{kind: stepBind, name: w, exchange: waitExchange, args: amqp091.Table{"x-match": "all", hdrWait: w}})
 	}
 	if len(proto.waitQs) > 0 {

@@ -32,6 +32,7 @@ func (s stopBroker) Run() int {
 			shared.broker.Stop()
 		}
 	}()
+	defer stopCluster()
 	return s.M.Run()
 }
 

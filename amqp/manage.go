@@ -66,7 +66,7 @@ func (e *engine) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
 			}
 		}
 		return withChannel(conn, func(ch *amqp091.Channel) (err error) {
-			n, err = ch.QueueDelete(name, ifUnused, ifEmpty, false)
+			n, err = e.deleteQueue(ch, name, ifUnused, ifEmpty)
 			return err
 		})
 	})

@@ -25,6 +25,8 @@ type config struct {
 	reconnect      backoff.Policy // the waits between attempts to connect or consume
 	prefetch       int            // 0: each queue's concurrency
 	amqp           amqp091.Config
+	quorum         bool     // WithQuorumQueues (see quorum.go)
+	nodes          []string // WithNodes: the other nodes' URLs (see nodes.go)
 }
 
 func defaultConfig() config {

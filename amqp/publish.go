@@ -321,7 +321,8 @@ func (e *engine) publishConfirmed(ctx context.Context, exchange, key string, msg
 		case p.refusal != nil:
 			return p.refusal
 		case !p.ack:
-			return fmt.Errorf("%w: the broker refused the message (a queue at its length limit with reject-publish)", tinymq.ErrQueueFull)
+			e.afterNack(s)
+			return e.nackError()
 		case p.returned:
 			return fmt.Errorf("%w: exchange %q routed the message to no queue", tinymq.ErrNoRoute, exchange)
 		}
@@ -480,10 +481,10 @@ func (e *engine) ensureDelay(exchange string, d time.Duration) (string, error) {
 		return name, nil
 	}
 	err := e.declare([]step{
-		{kind: stepQueue, name: name, args: amqp091.Table{
+		{kind: stepQueue, name: name, args: e.helperQueueArgs(amqp091.Table{
 			"x-message-ttl":          ms,
 			"x-dead-letter-exchange": exchange,
-		}},
+		})},
 		{kind: stepBind, name: name, exchange: waitExchange, args: amqp091.Table{"x-match": "all", hdrWait: name}},
 	})
 	return name, err

@@ -431,6 +431,9 @@ func (e *engine) operate(op func(conn *amqp091.Connection) error) error {
 func declareError(s step, err error) error {
 	var ae *amqp091.Error
 	if errors.As(err, &ae) && ae.Code == amqp091.PreconditionFailed {
+		if terr := queueTypeError(s, ae); terr != nil {
+			return terr
+		}
 		switch s.kind {
 		case stepExchange:
 			return fmt.Errorf("%w: exchange %q exists on the broker with another type or other arguments: %w",

@@ -42,6 +42,7 @@ var StartTimeout = 90 * time.Second
 // Broker is one running node. Its methods are safe for concurrent use.
 type Broker struct {
 	dir      string
+	home     string // HOME (its .erlang.cookie): dir, or a cluster's folder
 	amqpPort int
 	distPort int
 	epmdPort int
@@ -123,23 +124,9 @@ func start() (*Broker, error) {
 		epmdPort: ports[2],
 		node:     fmt.Sprintf("tinymq%d@localhost", ports[0]),
 	}
-	for _, sub := range []string{"mnesia", "log"} {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-	}
-	files := map[string]string{
-		"rabbitmq.conf":     "loopback_users.guest = true\n",
-		"rabbitmq-env.conf": "",
-		"enabled_plugins":   "[].\n",
-		"advanced.config":   "[].\n",
-	}
-	for name, text := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
+	if err := b.writeFiles(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
 	if err := b.startEpmd(); err != nil {
 		os.RemoveAll(dir)
@@ -150,6 +137,28 @@ func start() (*Broker, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// writeFiles makes the node's data and log folders and its configuration
+// files in its folder, so that nothing of /etc/rabbitmq is read.
+func (b *Broker) writeFiles() error {
+	for _, sub := range []string{"mnesia", "log"} {
+		if err := os.MkdirAll(filepath.Join(b.dir, sub), 0o700); err != nil {
+			return err
+		}
+	}
+	files := map[string]string{
+		"rabbitmq.conf":     "loopback_users.guest = true\n",
+		"rabbitmq-env.conf": "",
+		"enabled_plugins":   "[].\n",
+		"advanced.config":   "[].\n",
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(b.dir, name), []byte(text), 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // URL is the node's AMQP URL, as guest on 127.0.0.1.
@@ -165,8 +174,12 @@ func (b *Broker) Node() string { return b.node }
 
 func (b *Broker) env() []string {
 	kernel := "-kernel inet_dist_use_interface {127,0,0,1}"
+	home := b.home
+	if home == "" {
+		home = b.dir
+	}
 	return append(os.Environ(),
-		"HOME="+b.dir,
+		"HOME="+home,
 		"RABBITMQ_NODENAME="+b.node,
 		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
 		"RABBITMQ_NODE_PORT="+strconv.Itoa(b.amqpPort),
