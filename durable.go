@@ -38,6 +38,7 @@ type durableLog struct {
 	mu        sync.Mutex
 	refs      map[string]*msgRefs          // message key -> the durable queues still holding it
 	recovered map[string][]recoveredMsg    // queue -> its messages found on disk, not yet registered
+	readyAt   map[string]int64             // queue of recovered -> the earliest time one of its messages is ready (see oldestRecovered)
 	seqs      map[string]uint64            // exchange -> IDs reserved before this run
 	tombs     map[string]map[string]uint64 // queue -> the d/ tombstone this run wrote for it (see deleteQueue)
 	decls     map[string][]byte            // durable queue -> its q/ record in the log (see declared)
@@ -832,11 +833,40 @@ func (d *durableLog) takeRecovered(queue string) []recoveredMsg {
 	defer d.mu.Unlock()
 	list := d.recovered[queue]
 	delete(d.recovered, queue)
+	delete(d.readyAt, queue)
 	return list
 }
 
 // unregistered reports how many messages the log holds for each durable
 // queue that this process has not registered.
+// oldestRecovered returns, for each queue of unregistered, when the first of
+// its messages was (or will be) ready: its visibility, or the end of its
+// retry backoff. (The earliest of them all is the oldest ready one once it
+// is past.) It is computed once per queue: the lists do not change.
+func (d *durableLog) oldestRecovered(queue string) int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if at, ok := d.readyAt[queue]; ok {
+		return at
+	}
+	var at int64
+	for i := range d.recovered[queue] {
+		r := &d.recovered[queue][i]
+		ready := r.visibleAt
+		if r.state != nil {
+			ready = max(ready, r.state.dueAt)
+		}
+		if at == 0 || ready < at {
+			at = ready
+		}
+	}
+	if d.readyAt == nil {
+		d.readyAt = make(map[string]int64)
+	}
+	d.readyAt[queue] = at
+	return at
+}
+
 func (d *durableLog) unregistered() map[string]int {
 	d.mu.Lock()
 	defer d.mu.Unlock()

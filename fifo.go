@@ -51,10 +51,26 @@ type chunk struct {
 // neither push nor pop ever copies the buffer. Popped slots are cleared at once
 // and drained chunks go back to chunkPool, so a queue that drains keeps one
 // chunk (2 KiB) and the rest is collected unless another queue reuses it.
+//
+// The stamps (entry.at) of a fifo's entries rise from head to tail, except
+// where an entry joins behind newer ones (a group's next message, which got
+// its stamp in the group's backlog; restored messages, in publish order,
+// whose delay or retry backoff ended late): floors keep those, so that oldest needs
+// no scan.
 type fifo struct {
 	head, tail *chunk
 	hi, ti     int // next pop in head, next push in tail
 	n          int
+	pos        int64   // the head's position in the order of pushes: pop adds one, pushFront takes one
+	floors     []floor // entries pushed with a stamp older than the tail's, by position; stamps rising
+}
+
+// floor is an entry of a fifo, at position pos, whose stamp at is older than
+// those of the entries ahead of it: until it leaves, the fifo's oldest stamp
+// is at most at.
+type floor struct {
+	pos int64
+	at  int64
 }
 
 // chunkPool holds drained chunks, every slot clear, for any queue to reuse:
@@ -62,6 +78,14 @@ type fifo struct {
 var chunkPool = sync.Pool{New: func() any { return new(chunk) }}
 
 func (f *fifo) push(e entry) {
+	if f.n > 0 && e.at < f.tail.entries[f.ti-1].at {
+		// It joins behind newer entries: a floor, which makes those
+		// newer than it above it redundant.
+		for len(f.floors) > 0 && f.floors[len(f.floors)-1].at >= e.at {
+			f.floors = f.floors[:len(f.floors)-1]
+		}
+		f.floors = append(f.floors, floor{pos: f.pos + int64(f.n), at: e.at})
+	}
 	if f.tail == nil {
 		f.head = chunkPool.Get().(*chunk)
 		f.tail, f.hi, f.ti = f.head, 0, 0
@@ -89,6 +113,7 @@ func (f *fifo) pushFront(e entry) {
 	f.hi--
 	f.head.entries[f.hi] = e
 	f.n++
+	f.pos--
 }
 
 // pop appends the k oldest entries to dst; k <= f.n.
@@ -98,6 +123,7 @@ func (f *fifo) pop(dst []entry, k int) []entry {
 		f.head.entries[f.hi] = entry{}
 		f.hi++
 		f.n--
+		f.pos++
 		if f.hi == chunkSize && f.head != f.tail {
 			old := f.head
 			f.head, f.hi = old.next, 0
@@ -107,8 +133,29 @@ func (f *fifo) pop(dst []entry, k int) []entry {
 	}
 	if f.n == 0 { // head == tail: start the chunk over
 		f.hi, f.ti = 0, 0
+		f.floors = f.floors[:0]
 	}
 	return dst
+}
+
+// oldest returns the oldest stamp of f's entries, or 0 when f is empty: the
+// head's, or that of the first floor that has not left.
+func (f *fifo) oldest() int64 {
+	if f.n == 0 {
+		return 0
+	}
+	at := f.head.entries[f.hi].at
+	i := 0
+	for i < len(f.floors) && f.floors[i].pos < f.pos {
+		i++ // left
+	}
+	if i > 0 {
+		f.floors = append(f.floors[:0], f.floors[i:]...)
+	}
+	if len(f.floors) > 0 {
+		at = min(at, f.floors[0].at)
+	}
+	return at
 }
 
 // each calls fn with every entry, oldest first, until fn returns false.

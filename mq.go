@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/tinymq/tinymq/internal/guard"
 )
@@ -97,9 +98,13 @@ type MQ struct {
 	log    *slog.Logger
 	codec  Codec
 	engine Engine // nil: in memory
-	// boundEngine is the engine while boundEngines holds it for m: until
-	// Shutdown (see bindEngine).
+	// boundEngine is the engine that boundEngines holds for m (see
+	// bindEngine), until a Shutdown returned nil: then released is set,
+	// final holds the engine's last Stats, and m no longer calls the engine,
+	// which may serve another MQ.
 	boundEngine Engine
+	released    atomic.Bool
+	final       atomic.Pointer[Stats]
 	dataDir     string
 	syncEvery   time.Duration
 	repairLog   bool
@@ -208,7 +213,15 @@ func (m *MQ) init() {
 			if m.engine, bound = bindEngine(m, m.engine); bound {
 				m.boundEngine = m.engine
 			}
-			m.engine.Init(EngineConfig{Logger: m.log, Codec: m.codec, Forget: m.forgetOnEngine})
+			// Forget holds m weakly: a bound engine must not keep an MQ
+			// dropped without a Shutdown alive (see bindEngine).
+			wm := weak.Make(m)
+			forget := func(queue string) {
+				if m := wm.Value(); m != nil {
+					m.forgetOnEngine(queue)
+				}
+			}
+			m.engine.Init(EngineConfig{Logger: m.log, Codec: m.codec, Forget: forget})
 		}
 	})
 }
@@ -538,8 +551,13 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 		// The engine's shutdown first: a RegisterQueue or a Bind may hold
 		// the write lock while the engine waits for the broker, and the
 		// engine's shutdown ends that wait (and refuses what comes after it).
+		if m.released.Load() {
+			return nil // shut down; the engine may serve another MQ now
+		}
 		err := m.engine.Shutdown(ctx)
-		if m.boundEngine != nil {
+		if err == nil && m.boundEngine != nil && !m.released.Swap(true) {
+			st := m.engine.Stats()
+			m.final.Store(&st)
 			unbindEngine(m, m.boundEngine)
 		}
 		m.stopOnce.Do(func() {

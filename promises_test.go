@@ -153,6 +153,12 @@ var promises = []struct {
 	{"QueueStats.OldestAge is how long the oldest ready message waited (in a batch, a group's backlog, after a retry backoff, across a restart), at most a clock tick more, never less", []string{
 		"TestOldestAgeIsHowLongTheOldestReadyMessageWaited", "TestOldestAgeCountsFromTheEndOfARetryBackoff",
 		"TestOldestAgeSeesGroupBacklogs", "TestOldestAgeOfARestoredMessageCountsFromBeforeTheRestart",
+		"TestOldestAgeBatchRemainderIsNotOlderThanItIs", "TestOldestAgeGroupNextBehindNewerHead",
+		"TestOldestAgeRestoredDelayedHeadHidesOlderReady", "TestOldestAgeRealTimeNeverLessThanTruth",
+	}},
+	{"An Engine serves one MQ: a second MQ given it while the first has not shut down fails every call with ErrInvalidOption, the first unaffected; a stopped MQ never calls the engine again", []string{
+		"TestEngineServingAnotherMQIsRefused", "TestAStoppedMQNeverReachesTheEngineOfTheNextMQ", "TestDistinctZeroSizeEnginesAreNotRefused",
+		"TestEngineConcurrentMQsOneWins", "TestAnMQDroppedWithoutShutdownIsCollectedAndFreesItsEngine",
 	}},
 	{"A publish racing a delete or an unbind is all or nothing: it reaches the queue before the change (and is counted in what a delete removed) or not at all", []string{
 		"TestPublishRacingDeleteOrUnbindIsAllOrNothing",

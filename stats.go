@@ -1,6 +1,7 @@
 package tinymq
 
 import (
+	"maps"
 	"time"
 
 	"github.com/tinymq/tinymq/internal/hist"
@@ -59,9 +60,9 @@ type QueueStats struct {
 	// before the restart. It is zero when no message is ready, and on an
 	// engine. It is read from a clock that the MQ refreshes every 10 ms
 	// while messages come in, so it may be up to about that much more than
-	// the truth, never less. A group's next message counts from the head
-	// of its group's backlog, and once it joined the queue, from when it
-	// reaches the head.
+	// the truth, never less. Messages waiting behind their group
+	// (WithGroupOrdering) and those taken by a worker and not begun count;
+	// those in a consumer do not.
 	OldestAge time.Duration
 
 	// Accepted counts the messages published into the queue.
@@ -115,8 +116,9 @@ type QueueStats struct {
 	Durable bool
 	// Unregistered marks a durable queue whose messages (or whose
 	// declaration) the log holds but that this process has not declared
-	// (yet): Depth and Ready count its messages, and every other field is
-	// zero. They are never deleted unasked.
+	// (yet): Depth and Ready count its messages, OldestAge is that of the
+	// oldest that is ready, and every other field is zero. They are never
+	// deleted unasked.
 	Unregistered bool
 	// Stored counts the messages that the log holds for a durable queue of
 	// this name which this queue does not take, because it was registered
@@ -152,6 +154,11 @@ type DurationStats struct {
 // not taken at one instant. It works in every state, after Stop included.
 func (m *MQ) Stats() Stats {
 	if m.engine != nil {
+		if st := m.final.Load(); st != nil {
+			c := *st // maps of its own, as every Stats has
+			c.Exchanges, c.Queues = maps.Clone(st.Exchanges), maps.Clone(st.Queues)
+			return c
+		}
 		return m.engine.Stats()
 	}
 	m.mu.RLock()
@@ -206,9 +213,9 @@ func (q *queue) stats() QueueStats {
 
 // oldestLocked returns the stamp (entry.at) of the oldest ready entry, or 0
 // when none is ready: the head of buf, the first unclaimed entry of each
-// worker's batch, and the head of each group's backlog. (Entries enter buf
-// in the order of their stamps, except a group's next message, which joins
-// its tail with the stamp it got in the backlog.) q.mu is held.
+// worker's batch, and the head of each group's backlog. (A group's next
+// message joins the tail of buf with the stamp it got in the backlog: see
+// fifo.floors.) q.mu is held.
 func (q *queue) oldestLocked() int64 {
 	var at int64
 	older := func(t int64) {
@@ -216,19 +223,15 @@ func (q *queue) oldestLocked() int64 {
 			at = t
 		}
 	}
-	if h := q.buf.peek(); h != nil {
-		older(h.at)
-	}
+	older(q.buf.oldest())
 	for _, w := range q.workers {
-		if w.n-int(w.next.Load()) > 0 {
-			older(w.at)
+		if i := int(w.next.Load()); i < w.n {
+			older(w.ats[i])
 		}
 	}
 	if q.grouped > 0 {
 		for _, st := range q.groups {
-			if h := st.waiting.peek(); h != nil {
-				older(h.at)
-			}
+			older(st.waiting.oldest())
 		}
 	}
 	return at

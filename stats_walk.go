@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 )
 
 // WalkStats reads what [MQ.Stats] returns without building its maps, for an
@@ -28,6 +29,9 @@ import (
 // it walks the engine's Stats, by name.
 func (m *MQ) WalkStats(onExchange func(name string, es *ExchangeStats) bool, onQueue func(name string, qs *QueueStats) bool) Stats {
 	if m.engine != nil {
+		if st := m.final.Load(); st != nil {
+			return walkEngineStats(*st, onExchange, onQueue)
+		}
 		return walkEngineStats(m.engine.Stats(), onExchange, onQueue)
 	}
 	var exchanges []namedExchangeStats
@@ -137,7 +141,11 @@ func (m *MQ) durableQueuesLocked() (stored map[string]int, unregistered []namedQ
 			stored[name] = n
 			continue
 		}
-		unregistered = append(unregistered, namedQueueStats{name, QueueStats{Depth: n, Ready: n, Durable: true, Unregistered: true}})
+		qs := QueueStats{Depth: n, Ready: n, Durable: true, Unregistered: true}
+		if at := m.dur.oldestRecovered(name); at != 0 {
+			qs.OldestAge = max(time.Duration(time.Now().UnixNano()-at), 0)
+		}
+		unregistered = append(unregistered, namedQueueStats{name, qs})
 	}
 	for _, name := range m.dur.declaredQueues() { // declared, with no message in the log
 		if _, ok := held[name]; !ok && m.queues[name] == nil {

@@ -273,10 +273,10 @@ type worker struct {
 	// so that entries given back (see queue.giveBackLocked) return in order.
 	seq uint64
 	off int
-	// at is the stamp (entry.at) of the batch's first entry after the one
-	// claimed at once, the oldest that waits in it: QueueStats.OldestAge
-	// reads it, under q.mu, for the entries not claimed yet.
-	at int64
+	// ats are the stamps (entry.at) of the batch's entries, written with
+	// the batch under q.mu and never by the owner's claims, so that
+	// QueueStats.OldestAge reads, under q.mu, that of the first unclaimed.
+	ats [maxBatch]int64
 
 	// What this worker handed to the consumer, and what succeeded: counted
 	// here rather than in q.c so that the workers of one queue do not fight
@@ -399,15 +399,13 @@ func (q *queue) refillLocked(w *worker) entry {
 		}
 		var one [1]entry
 		w.batch[n] = q.buf.pop(one[:0], 1)[0]
+		w.ats[n] = w.batch[n].at
 		n++
 	}
 	w.n = n
 	w.next.Store(1)
 	q.takes++
 	w.seq, w.off = q.takes, 0
-	if n > 1 {
-		w.at = w.batch[1].at
-	}
 	w.held = true
 	q.busy++
 	e := w.batch[0]
@@ -449,13 +447,11 @@ func (q *queue) stealLocked(w *worker) (entry, bool) {
 		return entry{}, false
 	}
 	n := copy(w.batch[:], victim.batch[start:end])
+	copy(w.ats[:], victim.ats[start:end])
 	clear(victim.batch[start:end])
 	w.n = n
 	w.next.Store(1)
 	w.seq, w.off = victim.seq, victim.off+start
-	if n > 1 {
-		w.at = w.batch[1].at
-	}
 	e := w.batch[0]
 	w.batch[0] = entry{}
 	return e, true
