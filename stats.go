@@ -18,6 +18,10 @@ type Stats struct {
 	// DeletedQueues counts those queues, and ExpiredQueues those of them
 	// that expired.
 	DeletedQueues, ExpiredQueues uint64
+	// Blocked is, on an engine whose broker holds back this MQ's publishes
+	// (RabbitMQ's connection.blocked, during a memory or disk alarm), the
+	// broker's reason; "" otherwise, and always in memory.
+	Blocked string
 }
 
 // ExchangeStats counts what was published to one exchange.

@@ -164,17 +164,31 @@ func TestQuorumQueuesAreDeclaredForEveryQueue(t *testing.T) {
 	c := cluster(t)
 	n := uniq(t)
 	m, _ := newClusterMQ(t)
-	require.NoError(t, m.RegisterQueue(n("ex"), tinymq.Fanout, nopConsumer, 1, tinymq.WithQueueName(n("q")),
-		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Second}),
+	var calls atomic.Int32
+	require.NoError(t, m.RegisterQueue(n("ex"), tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		if calls.Add(1) == 1 {
+			return errors.New("fails once: its retry declares the wait queue")
+		}
+		return nil
+	}, 1, tinymq.WithQueueName(n("q")),
+		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Minute}),
 		tinymq.WithDeadLetter(n("dead"), "")))
+	require.NoError(t, m.Start(context.Background()))
 	require.NoError(t, m.Publish(n("ex"), 1, tinymq.WithDelay(time.Minute)))
+	require.NoError(t, m.Publish(n("ex"), 2))
 
-	out, err := c.Ctl(context.Background(), 0, "list_queues", "name", "type", "arguments", "--no-table-headers", "--quiet")
-	require.NoError(t, err, out)
+	// The retry wait queue is declared at its first use: wait for it.
+	var out string
 	lines := map[string]string{}
-	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) > 0 && strings.Contains(f[0], n("")) {
-			lines[f[0]] = line
+	deadline := time.Now().Add(30 * time.Second)
+	for len(lines) < 3 && time.Now().Before(deadline) {
+		var err error
+		out, err = c.Ctl(context.Background(), 0, "list_queues", "name", "type", "arguments", "--no-table-headers", "--quiet")
+		require.NoError(t, err, out)
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && strings.Contains(f[0], n("")) {
+				lines[f[0]] = line
+			}
 		}
 	}
 	require.Len(t, lines, 3, "the queue, its retry wait queue and the delay queue:\n%s", out)
@@ -188,7 +202,7 @@ func TestQuorumQueuesAreDeclaredForEveryQueue(t *testing.T) {
 	defer classic.Stop()
 	require.NoError(t, classic.DeclareQueue(n("classic"), n("ex2"), tinymq.Fanout))
 	quorum, _ := newClusterMQ(t)
-	err = quorum.DeclareQueue(n("classic"), n("ex2"), tinymq.Fanout)
+	err := quorum.DeclareQueue(n("classic"), n("ex2"), tinymq.Fanout)
 	assert.ErrorIs(t, err, tinymq.ErrDuplicateQueue)
 	assert.ErrorContains(t, err, "exists on the broker as a classic queue")
 	require.NoError(t, quorum.DeclareQueue(n("quorum"), n("ex2"), tinymq.Fanout))

@@ -79,6 +79,11 @@ func (e *engine) session() (connected bool, err error) {
 	defer closeConn(subConn)
 	pubClosed := pubConn.NotifyClose(make(chan *amqp091.Error, 1))
 	subClosed := subConn.NotifyClose(make(chan *amqp091.Error, 1))
+	// The library sends on it from its reader, which must not wait for the
+	// loop below (busy declaring, say): buffered for many more than the
+	// alternating blocks and unblocks a connection gets meanwhile.
+	blocks := pubConn.NotifyBlocked(make(chan amqp091.Blocking, 16))
+	defer e.clearBlocked() // a new connection starts unblocked
 
 	e.topoMu.Lock()
 	e.gen++
@@ -143,10 +148,61 @@ func (e *engine) session() (connected bool, err error) {
 			e.pub = s
 			e.signalLocked()
 			e.mu.Unlock()
+		case b, ok := <-blocks:
+			if ok {
+				e.setBlocked(b)
+			} else {
+				blocks = nil // closed with the connection: pubClosed says why
+			}
 		case <-e.quit:
 			return true, nil
 		}
 	}
+}
+
+// setBlocked notes the broker's connection.blocked (b.Active, with its
+// reason) or connection.unblocked on the publishing connection, for Stats and
+// for the error of a Publish that waited behind it, and logs the change: a
+// warning when blocked (publishes wait, at most their timeout), info when
+// unblocked.
+func (e *engine) setBlocked(b amqp091.Blocking) {
+	reason := ""
+	if b.Active {
+		reason = b.Reason
+		if reason == "" {
+			reason = "blocked"
+		}
+	}
+	e.mu.Lock()
+	was := e.blocked
+	e.blocked = reason
+	e.mu.Unlock()
+	switch {
+	case reason != "" && was == "":
+		e.logWarn("tinymq/amqp: the broker blocked the publishing connection (a resource alarm); publishes wait until it unblocks, at most their timeout",
+			"reason", reason)
+	case reason == "" && was != "":
+		e.logInfo("tinymq/amqp: the broker unblocked the publishing connection", "reason_was", was)
+	}
+}
+
+// clearBlocked forgets the block of a connection that is gone, without a
+// line: the reconnect is logged.
+func (e *engine) clearBlocked() {
+	e.mu.Lock()
+	e.blocked = ""
+	e.mu.Unlock()
+}
+
+// blockedNote says, for the error of a Publish that ended unconfirmed,
+// that the broker blocks publishes, if it does.
+func (e *engine) blockedNote() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.blocked == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (the broker blocks this MQ's publishes: %s)", e.blocked)
 }
 
 // closeTimeout bounds the close handshake of a connection: a broker that

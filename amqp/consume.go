@@ -29,7 +29,8 @@ type cqueue struct {
 	e      *engine
 	spec   tinymq.QueueSpec // as first declared; its Consumer is the first subscription's
 	waits  []int64          // the retry wait of attempt i+1, in ms, before jitter
-	waitQs []string
+	levels [][]int64        // the waits that attempt i+1's jittered wait is rounded to (see wait.go)
+	waitQs []string         // every wait queue it may have, this layout's and the earlier one's
 
 	mu       sync.Mutex
 	subs     []*subscription // those not cancelled
@@ -104,18 +105,36 @@ func retryWaits(p tinymq.RetryPolicy) []int64 {
 	return waits
 }
 
-// waitFor returns the wait queue and the wait after the given failed attempt.
+// waitFor returns the wait queue and the wait after the given failed
+// attempt: its backoff, jittered and rounded to the nearest of the step's
+// levels, each the TTL of a wait queue of its own (see wait.go).
 func (q *cqueue) waitFor(attempt int) (queue string, ms int64) {
 	i := min(attempt, len(q.waits)) - 1
-	return q.waitQs[i], q.waits[i]
+	ms = q.waits[i]
+	if q.spec.Retry.Jitter > 0 {
+		ms = millis(retryBackoff(q.spec.Retry).Jittered(time.Duration(ms) * time.Millisecond))
+		ms = nearestLevel(q.levels[i], ms)
+	}
+	return retryQueueName(q.spec.Name, ms), ms
 }
 
 func newQueue(e *engine, spec tinymq.QueueSpec) *cqueue {
 	q := &cqueue{e: e, spec: spec, changed: make(chan struct{})}
 	if spec.Retry.MaxAttempts > 1 {
 		q.waits = retryWaits(spec.Retry)
-		for _, ms := range q.waits {
-			q.waitQs = append(q.waitQs, retryQueueName(spec.Name, ms))
+		seen := make(map[int64]bool)
+		for _, base := range q.waits {
+			levels := jitterLevels(base, spec.Retry.Jitter)
+			q.levels = append(q.levels, levels)
+			for _, ms := range levels {
+				if !seen[ms] {
+					seen[ms] = true
+					q.waitQs = append(q.waitQs, retryQueueName(spec.Name, ms))
+				}
+			}
+		}
+		for _, base := range q.waits {
+			q.waitQs = append(q.waitQs, oldRetryQueueName(spec.Name, base))
 		}
 	}
 	return q
@@ -274,15 +293,19 @@ func (s *subscription) run(ctx context.Context) {
 // it handled the end; consumed, that it got as far as consuming.
 func (s *subscription) consume(conn *amqp091.Connection, lost <-chan struct{}) (stopped, consumed bool) {
 	q, e := s.q, s.q.e
-	ch, err := conn.Channel()
+	var ch *amqp091.Channel
+	err := e.callBounded(conn, "opening a consumer channel", func() (err error) {
+		ch, err = conn.Channel()
+		return err
+	})
 	if err != nil {
 		return false, false
 	}
-	defer ch.Close()
+	defer func() { _ = e.callBounded(conn, "closing a consumer channel", ch.Close) }()
 	defer s.setConsuming(false)
 	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
 	cancelled := ch.NotifyCancel(make(chan string, 1))
-	if err := ch.Qos(s.prefetch, 0, false); err != nil {
+	if err := e.callBounded(conn, "setting the prefetch", func() error { return ch.Qos(s.prefetch, 0, false) }); err != nil {
 		e.logWarn("tinymq/amqp: setting the prefetch failed", "queue", q.spec.Name, "err", err.Error())
 		return false, false
 	}
@@ -302,15 +325,19 @@ func (s *subscription) consume(conn *amqp091.Connection, lost <-chan struct{}) (
 			case aerr := <-closed:
 				e.logWarn("tinymq/amqp: consumer channel closed; consuming again", "queue", q.spec.Name, "err", guard.ErrorText(aerr))
 			case <-e.stop:
-				s.stopConsuming(ch, nil)
+				s.stopConsuming(conn, ch, nil)
 				return true, true
 			case <-s.quit:
-				s.stopConsuming(ch, nil)
+				s.stopConsuming(conn, ch, nil)
 				return true, true
 			}
 			return false, consumed
 		}
-		dels, err := ch.Consume(q.spec.Name, s.tag, false, false, false, false, nil)
+		var dels <-chan amqp091.Delivery
+		err := e.callBounded(conn, "consuming", func() (err error) {
+			dels, err = ch.Consume(q.spec.Name, s.tag, false, false, false, false, nil)
+			return err
+		})
 		if err != nil {
 			s.setConsuming(false)
 			if conn.IsClosed() {
@@ -328,7 +355,7 @@ func (s *subscription) consume(conn *amqp091.Connection, lost <-chan struct{}) (
 		}
 		consumed = true
 		s.setCur(dels)
-		switch s.consumeUntil(ch, dels, lost, closed, cancelled, conn) {
+		switch s.consumeUntil(conn, ch, dels, lost, closed, cancelled) {
 		case endStopped:
 			return true, true
 		case endLost:
@@ -351,15 +378,15 @@ const (
 // be paused (it then cancels the consumer), for the channel's end or the
 // broker's cancel, or for the subscription's end (it then cancels the
 // consumer and waits for the workers), and says which came.
-func (s *subscription) consumeUntil(ch *amqp091.Channel, dels <-chan amqp091.Delivery, lost <-chan struct{},
-	closed <-chan *amqp091.Error, cancelled <-chan string, conn *amqp091.Connection) consumeEnd {
+func (s *subscription) consumeUntil(conn *amqp091.Connection, ch *amqp091.Channel, dels <-chan amqp091.Delivery, lost <-chan struct{},
+	closed <-chan *amqp091.Error, cancelled <-chan string) consumeEnd {
 	q, e := s.q, s.q.e
 	for {
 		q.mu.Lock()
 		paused, changed := q.paused, q.changed
 		q.mu.Unlock()
 		if paused {
-			if s.pause(ch, dels) {
+			if s.pause(conn, ch, dels) {
 				return endPaused
 			}
 			return endLost
@@ -383,17 +410,17 @@ func (s *subscription) consumeUntil(ch *amqp091.Channel, dels <-chan amqp091.Del
 			s.setLive(nil)
 			s.drain(dels)
 			if q.awaitDecided() {
-				s.stopConsuming(ch, nil) // gone: the deliveries in flight finish on this channel
+				s.stopConsuming(conn, ch, nil) // gone: the deliveries in flight finish on this channel
 				return endStopped
 			}
 			e.logWarn("tinymq/amqp: the broker cancelled the consumer (queue deleted?); declaring and consuming again", "queue", q.spec.Name)
 			e.redeclareAll(conn)
 			return endLost
 		case <-e.stop:
-			s.stopConsuming(ch, dels)
+			s.stopConsuming(conn, ch, dels)
 			return endStopped
 		case <-s.quit:
-			s.stopConsuming(ch, dels)
+			s.stopConsuming(conn, ch, dels)
 			return endStopped
 		}
 	}
@@ -402,11 +429,12 @@ func (s *subscription) consumeUntil(ch *amqp091.Channel, dels <-chan amqp091.Del
 // pause cancels the consumer (basic.cancel) for a paused queue and hands
 // back what it had prefetched. It reports false if the channel had to be
 // closed for it.
-func (s *subscription) pause(ch *amqp091.Channel, dels <-chan amqp091.Delivery) bool {
+func (s *subscription) pause(conn *amqp091.Connection, ch *amqp091.Channel, dels <-chan amqp091.Delivery) bool {
+	e := s.q.e
 	s.setLive(nil)
-	err := ch.Cancel(s.tag, false)
+	err := e.callBounded(conn, "cancelling a consumer", func() error { return ch.Cancel(s.tag, false) })
 	if err != nil {
-		_ = ch.Close() // the broker stops delivering either way
+		_ = e.callBounded(conn, "closing a consumer channel", ch.Close) // the broker stops delivering either way
 	}
 	s.setConsuming(false)
 	s.drain(dels)
@@ -418,16 +446,52 @@ func (s *subscription) pause(ch *amqp091.Channel, dels <-chan amqp091.Delivery) 
 // the workers to finish the messages they are in and leave. The caller
 // closes the channel after it, which requeues whatever is still
 // unacknowledged.
-func (s *subscription) stopConsuming(ch *amqp091.Channel, dels <-chan amqp091.Delivery) {
+func (s *subscription) stopConsuming(conn *amqp091.Connection, ch *amqp091.Channel, dels <-chan amqp091.Delivery) {
+	e := s.q.e
 	s.setStopping()
 	if dels != nil {
-		if err := ch.Cancel(s.tag, false); err != nil {
-			_ = ch.Close() // the workers must not wait for a cancel that never comes
+		if err := e.callBounded(conn, "cancelling a consumer", func() error { return ch.Cancel(s.tag, false) }); err != nil {
+			_ = e.callBounded(conn, "closing a consumer channel", ch.Close) // the workers must not wait for a cancel that never comes
 		}
 		s.setConsuming(false)
 		s.drain(dels)
 	}
 	s.awaitWorkers()
+}
+
+// errHeldBack is the error of a call on a consumer channel that the broker
+// did not answer within closeTimeout.
+var errHeldBack = fmt.Errorf("tinymq/amqp: the broker did not answer within %v; the consuming connection was closed", closeTimeout)
+
+// callBounded runs fn, a call on a channel of the consuming connection conn
+// that waits for the broker's reply (channel.open, basic.qos,
+// basic.consume, basic.cancel, channel.close), and waits for it at most
+// closeTimeout, or until a Shutdown deadline passes: a broker that holds
+// back its replies (overloaded, or cut off while the TCP connection stays
+// up) must not hold a Cancel, a PauseQueue or a Shutdown, as it does not
+// hold the close handshake of a connection. The library offers no way to
+// give up one call, so past that callBounded closes conn (waiting at most
+// closeTimeout for the broker's close-ok, then dropping the socket), which
+// ends fn and every channel on conn: the other subscriptions consume again on
+// the next connection, and their unacknowledged messages are delivered
+// again. It returns fn's error, or errHeldBack. The goroutine that runs fn
+// is joined before it returns.
+func (e *engine) callBounded(conn *amqp091.Connection, what string, fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }() // joined below: closing conn ends fn
+	t := time.NewTimer(closeTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+	case <-e.abort:
+	}
+	e.logWarn("tinymq/amqp: the broker did not answer a consumer's call in time; closing the consuming connection",
+		"call", what, "timeout", closeTimeout)
+	closeConn(conn)
+	<-done
+	return errHeldBack
 }
 
 // drain nacks, with requeue, every delivery left in dels, which is no longer
@@ -680,13 +744,15 @@ func (q *cqueue) settle(d *amqp091.Delivery, m *tinymq.Msg, err error) {
 	}
 }
 
-// retry publishes a copy of d to the wait queue of attempt m.Attempt, with
-// d's properties and headers (x-death included, which counts the attempts)
-// and its routing key, and waits for the broker's confirm.
+// retry publishes a copy of d to the wait queue of attempt m.Attempt (which
+// it declares first if need be, see ensureHelper), with d's properties and
+// headers (x-death included, which counts the attempts) and its routing key,
+// and waits for the broker's confirm. The copy has no expiration: its wait
+// queue's TTL is its wait.
 func (q *cqueue) retry(d *amqp091.Delivery, m *tinymq.Msg) error {
 	wait, ms := q.waitFor(m.Attempt)
-	if q.spec.Retry.Jitter > 0 {
-		ms = millis(retryBackoff(q.spec.Retry).Jittered(time.Duration(ms) * time.Millisecond))
+	if err := q.e.ensureHelper(wait, ms, requeueExchange); err != nil {
+		return err
 	}
 	h := make(amqp091.Table, len(d.Headers)+4)
 	for k, v := range d.Headers {
@@ -709,9 +775,6 @@ func (q *cqueue) retry(d *amqp091.Delivery, m *tinymq.Msg) error {
 		Type:            d.Type,
 		AppId:           d.AppId,
 		Body:            d.Body,
-	}
-	if q.spec.Retry.Jitter > 0 {
-		msg.Expiration = strconv.FormatInt(ms, 10)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), q.e.cfg.publishTimeout)
 	defer cancel()

@@ -20,20 +20,29 @@
 // WithMessageTTL is x-message-ttl, WithMaxLen is x-max-length with x-overflow
 // drop-head or reject-publish. Bindings use the same keys, and headers
 // arguments as AMQP tables with the field types the core's headers exchange
-// assumes. A queue's concurrency is its number of workers and its prefetch.
+// assumes. A queue's concurrency is its number of workers and its prefetch
+// ([WithQueuePrefetch] and [WithPrefetch] set a larger one). Exchanges that
+// other services own ([WithExternalExchanges], and the broker's amq.*) are
+// only checked with a passive declaration, never declared, changed or
+// deleted; [DefaultExchange] is the default exchange, which routes to the
+// queue its routing key names.
 //
 // Messages are encoded with the MQ's codec ([tinymq.WithCodec], JSON by
 // default; the content-type property names it), published persistent with
 // mandatory set, and confirmed by the broker before Publish returns.
 // Consumers get Data as a [tinymq.Encoded], which [tinymq.Handler] decodes.
 // A consumer that returns nil acks; a failure is retried through a wait queue
-// (tinymq.retry.<queue>.<ms>) whose TTL dead-letters the message back to its
-// queue, so backoffs survive a consumer restart and the attempt number is
+// (tinymq.retry.<queue>.<ms>ms) whose TTL dead-letters the message back to its
+// queue (with jitter, one of at most 8 per backoff, so that each message of
+// a wait queue waits as long and the broker expires each at its time), so backoffs survive a consumer restart and the attempt number is
 // read from the broker's x-death counts; an exhausted or [tinymq.Permanent]
 // failure is rejected, and the broker dead-letters it with x-death, from which
 // Msg.Deaths is built. A delayed publish waits in a delay queue
-// (tinymq.delay.<exchange>.<ms>) that dead-letters it into its exchange with
-// its routing key when the delay ends.
+// (tinymq.delay.<exchange>.<ms>ms) that dead-letters it into its exchange with
+// its routing key when the delay ends. These helper queues have an x-expires
+// of their TTL plus an hour, renewed while they are used, so the broker
+// deletes those no longer used; README.md says how an upgrade from the
+// earlier layout (no x-expires, no "ms" suffix) goes.
 //
 // # The topology at run time
 //
@@ -66,7 +75,11 @@
 // is sent: a name over AMQP's 255 bytes ([tinymq.ErrKeyTooLong]), a header
 // of the engine's or of the broker's dead-lettering
 // ([tinymq.ErrUnsupported]), a message over the broker's size limit
-// ([tinymq.ErrTooLarge]).
+// ([tinymq.ErrTooLarge]). A CC or BCC header, which RabbitMQ would take for
+// more routing keys, is refused too ([tinymq.ErrUnsupported]). During a
+// broker's memory or disk alarm (connection.blocked) the engine logs a
+// warning with the broker's reason, Stats().Blocked holds it, and a Publish
+// returns [ErrUnconfirmed] at its timeout, saying so.
 //
 // # Quorum queues and clusters
 //
@@ -84,6 +97,9 @@
 // Shutdown (and Stop) cancels the consumers, lets the messages in consumers
 // finish and the publishes under way have their confirm, hands back what was
 // prefetched, and closes the connections; the broker keeps every other
-// message for the next consumer. See README.md for every difference from the
+// message for the next consumer. A broker that holds back its replies to a
+// consumer's channel calls (basic.cancel, channel.close) for 2 s has the
+// consuming connection closed, so that neither Shutdown, Cancel nor
+// PauseQueue waits for it. See README.md for every difference from the
 // in-memory engine.
 package amqp

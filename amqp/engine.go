@@ -92,6 +92,10 @@ func newEngine(url string, opts ...Option) *engine {
 //     logger is user code that may call the MQ back;
 //   - finish: started by the first Shutdown, joined by every Shutdown, which
 //     waits for done;
+//   - callBounded's call: one per channel call of a subscription's manager
+//     (open, qos, consume, cancel, close), started and joined by the manager,
+//     which closes the consuming connection to end it if the broker holds
+//     back its reply;
 //   - guards (own.Guard): one per log line and per consumer panic whose
 //     value is asked for its text, started and joined by the goroutine that
 //     logs or recovered the panic, which waits for it.
@@ -150,6 +154,7 @@ type engine struct {
 	subLost  chan struct{}       // closed when sub is lost
 	changed  chan struct{}       // closed and replaced whenever the above change
 	lastErr  error               // why the last connection ended or failed
+	blocked  string              // the broker's connection.blocked reason, or ""
 	running  bool                // the supervisor was started
 	started  bool                // Start was called
 	closing  bool                // Shutdown began
@@ -185,6 +190,9 @@ type engine struct {
 	// own holds the goroutines that run user code (consumers, the logger),
 	// so that a Stop they call does not wait for themselves.
 	own guard.Owned
+
+	// helpers records the helper queues declared, for their lease (wait.go).
+	helpers helpers
 }
 
 type exchangeState struct {
@@ -248,12 +256,15 @@ func (e *engine) DeclareExchange(spec tinymq.ExchangeSpec) error {
 	if err := checkName("alternate exchange name", spec.Alternate); err != nil {
 		return err
 	}
-	return e.declare([]step{exchangeStep(spec.Name, spec.Kind, spec.Alternate)})
+	if e.external(spec.Name) && spec.Alternate != "" {
+		return fmt.Errorf("%w: tinymq.WithAlternateExchange on external exchange %q (its arguments are its owner's)", tinymq.ErrUnsupported, spec.Name)
+	}
+	return e.declare([]step{e.exchangeStep(spec.Name, spec.Kind, spec.Alternate)})
 }
 
 // DeclareQueue declares the queue's exchange (when this MQ has not), a
-// durable queue with the spec's arguments (WithQueueExpiry as x-expires), its
-// retry wait queues, and its binding; with spec.Consumer it attaches a
+// durable queue with the spec's arguments (WithQueueExpiry as x-expires), and
+// its binding (its retry wait queues come at their first use); with spec.Consumer it attaches a
 // subscription, which consumes from Start on, or at once when the engine is
 // started. A queue declared already gets the binding, and counts as used
 // (x-expires starts again), as a queue.declare does.
@@ -271,6 +282,9 @@ func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 		return fmt.Errorf("%w: tinymq.WithFilter on queue %q (the broker routes; bind with keys or headers instead)", tinymq.ErrUnsupported, spec.Name)
 	case spec.Overflow == tinymq.Block:
 		return fmt.Errorf("%w: tinymq.WithMaxLen(n, tinymq.Block) on queue %q (a broker cannot make a publisher wait for room; use RejectPublish and retry)", tinymq.ErrUnsupported, spec.Name)
+	case spec.Binding.Exchange == DefaultExchange && (len(spec.Binding.Args) > 0 ||
+		slices.ContainsFunc(spec.Binding.Keys, func(k string) bool { return k != spec.Name })):
+		return fmt.Errorf("%w: queue %q: the default exchange routes to a queue by its name only (no other key, no arguments)", tinymq.ErrUnsupported, spec.Name)
 	}
 	prefetch := 0
 	if spec.Consumer != nil {
@@ -293,7 +307,7 @@ func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 	known := e.exchanges[spec.Binding.Exchange] != nil
 	e.topoMu.RUnlock()
 	if !known {
-		steps = append(steps, exchangeStep(spec.Binding.Exchange, spec.Binding.Kind, ""))
+		steps = append(steps, e.exchangeStep(spec.Binding.Exchange, spec.Binding.Kind, ""))
 	}
 	args := amqp091.Table{}
 	if spec.DeadLetterExchange != "" {
@@ -316,14 +330,7 @@ func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 		args["x-expires"] = millis(spec.Expiry)
 	}
 	steps = append(steps, step{kind: stepQueue, name: spec.Name, args: e.userQueueArgs(spec, args)})
-	for i, w := range proto.waitQs {
-		steps = append(steps,
-			step{kind: stepQueue, name: w, args: e.helperQueueArgs(amqp091.Table{
-				"x-message-ttl":          proto.waits[i],
-				"x-dead-letter-exchange": requeueExchange,
-			})},
-			step{kind: stepBind, name: w, exchange: waitExchange, args: amqp091.Table{"x-match": "all", hdrWait: w}})
-	}
+	// Its retry wait queues are declared at their first use (see wait.go).
 	if len(proto.waitQs) > 0 {
 		steps = append(steps, step{kind: stepBind, name: spec.Name, exchange: requeueExchange,
 			args: amqp091.Table{"x-match": "all", hdrQueue: spec.Name}})
@@ -331,6 +338,9 @@ func (e *engine) DeclareQueue(spec tinymq.QueueSpec) error {
 	binds, err := bindingSteps(spec.Binding)
 	if err != nil {
 		return err
+	}
+	if spec.Binding.Exchange == DefaultExchange {
+		binds = nil // the broker routes to the queue by its name
 	}
 	if err := e.declareLocked(append(steps, binds...)); err != nil {
 		return err
@@ -372,8 +382,16 @@ func checkQueueNames(spec tinymq.QueueSpec, waitQs []string) error {
 }
 
 // prefetchFor returns the prefetch of a subscription of concurrency workers
-// to queue: its concurrency, or WithPrefetch, which must not be below it.
+// to queue: WithQueuePrefetch for the queue, else WithPrefetch, else its
+// concurrency; neither option may be below the concurrency.
 func (e *engine) prefetchFor(queue string, concurrency int) (int, error) {
+	if n, ok := e.cfg.queuePrefetch[queue]; ok {
+		if concurrency > n {
+			return 0, fmt.Errorf("%w: queue %q: concurrency %d above amqp.WithQueuePrefetch(%q, %d) leaves workers idle",
+				tinymq.ErrInvalidOption, queue, concurrency, queue, n)
+		}
+		return n, nil
+	}
 	if e.cfg.prefetch == 0 {
 		return concurrency, nil
 	}
@@ -500,6 +518,9 @@ func (e *engine) Bind(spec tinymq.BindingSpec) error {
 	if reserved(spec.Exchange) {
 		return fmt.Errorf("%w: exchange name %q is the engine's", tinymq.ErrUnsupported, spec.Exchange)
 	}
+	if spec.Exchange == DefaultExchange {
+		return fmt.Errorf("%w: binding to the default exchange (it routes to every queue by its name)", tinymq.ErrUnsupported)
+	}
 	if err := checkName("exchange name", spec.Exchange); err != nil {
 		return err
 	}
@@ -514,7 +535,7 @@ func (e *engine) Bind(spec tinymq.BindingSpec) error {
 	known := e.exchanges[spec.Exchange] != nil
 	e.topoMu.RUnlock()
 	if !known {
-		steps = append(steps, exchangeStep(spec.Exchange, spec.Kind, ""))
+		steps = append(steps, e.exchangeStep(spec.Exchange, spec.Kind, ""))
 	}
 	return e.declareLocked(append(steps, binds...))
 }

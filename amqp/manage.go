@@ -88,6 +88,7 @@ func (e *engine) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
 				"queue", name, "wait_queue", w, "err", werr.Error())
 		}
 	}
+	e.helpers.forget(waitQs)
 	if q != nil {
 		e.forgetQueue(q, false, uint64(n))
 	}
@@ -152,6 +153,9 @@ func (e *engine) Unbind(spec tinymq.BindingSpec) error {
 	if err := e.usable(); err != nil {
 		return err
 	}
+	if spec.Exchange == DefaultExchange {
+		return fmt.Errorf("%w: unbinding from the default exchange (it routes to every queue by its name)", tinymq.ErrUnsupported)
+	}
 	binds, err := bindingSteps(spec)
 	if err != nil {
 		return err
@@ -190,6 +194,9 @@ func (e *engine) DeleteExchange(name string, ifUnused bool) error {
 	if err := e.usable(); err != nil {
 		return err
 	}
+	if e.external(name) {
+		return fmt.Errorf("%w: deleting external exchange %q (its owner's; see amqp.WithExternalExchanges)", tinymq.ErrUnsupported, name)
+	}
 	e.declMu.Lock()
 	defer e.declMu.Unlock()
 	e.topoMu.Lock()
@@ -223,6 +230,7 @@ func (e *engine) DeleteExchange(name string, ifUnused bool) error {
 		delete(e.delays, dq)
 	}
 	e.topoMu.Unlock()
+	e.helpers.forget(delays)
 	for _, dq := range delays {
 		n := 0
 		derr := e.operate(func(conn *amqp091.Connection) error {

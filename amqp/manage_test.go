@@ -157,13 +157,13 @@ func TestRetryingMessagesGoWithTheirQueue(t *testing.T) {
 	scheduled := func(k int) func() bool {
 		return func() bool { return m.Stats().Queues[n("q")].Scheduled == k }
 	}
-	wait := "tinymq.retry." + n("q") + ".60000"
-	require.True(t, brokerHasQueue(t, wait), "the wait queue")
+	wait := "tinymq.retry." + n("q") + ".60000ms" // declared at its first use
 
 	for range 2 {
 		require.NoError(t, m.Publish(n("ex"), "job"))
 	}
 	waitFor(t, "two messages waiting for their retry", scheduled(2))
+	require.True(t, brokerHasQueue(t, wait), "the wait queue")
 	_, err := m.DeleteQueue(n("q"), tinymq.IfEmpty())
 	assert.ErrorIs(t, err, tinymq.ErrNotEmpty, "DeleteQueue IfEmpty of a queue whose messages wait for a retry")
 	purged, err := m.PurgeQueue(n("q"))
@@ -291,7 +291,7 @@ func TestTopologyChangesSurviveAReconnect(t *testing.T) {
 	require.NoError(t, m.Unbind(n("bound"), n("direct"), tinymq.WithBindingKey("a")))
 	require.NoError(t, m.DeclareQueue(n("orphan"), n("gone"), tinymq.Fanout))
 	require.NoError(t, m.Publish(n("gone"), "later", tinymq.WithDelay(time.Minute)))
-	delay := "tinymq.delay." + n("gone") + ".60000"
+	delay := "tinymq.delay." + n("gone") + ".60000ms"
 	require.True(t, brokerHasQueue(t, delay), "the delay queue")
 	require.NoError(t, m.DeleteExchange(n("gone")))
 	// A subscription cancelled, one consuming, and one paused.
@@ -321,7 +321,7 @@ func TestTopologyChangesSurviveAReconnect(t *testing.T) {
 	})
 	t.Run("DeletedQueueIsNotDeclaredAgain", func(t *testing.T) {
 		assert.False(t, brokerHasQueue(t, n("deleted")), "the queue")
-		assert.False(t, brokerHasQueue(t, "tinymq.retry."+n("deleted")+".60000"), "its wait queue")
+		assert.False(t, brokerHasQueue(t, "tinymq.retry."+n("deleted")+".60000ms"), "its wait queue")
 	})
 	t.Run("ExpiredQueueIsNotDeclaredAgain", func(t *testing.T) {
 		assert.False(t, brokerHasQueue(t, n("expired")))

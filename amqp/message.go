@@ -190,12 +190,13 @@ func asInt64(v any) int64 {
 }
 
 // retriesIn counts the retry waits a message went through for queue: the
-// x-death counts of that queue's retry wait queues.
+// x-death counts of that queue's retry wait queues, of this layout and of the
+// earlier one (see wait.go).
 func retriesIn(deaths []xdeath, queue string) int {
 	prefix := retryPrefix + queue + "."
 	n := 0
 	for _, d := range deaths {
-		if d.reason == "expired" && strings.HasPrefix(d.queue, prefix) && isDigits(d.queue[len(prefix):]) {
+		if d.reason == "expired" && strings.HasPrefix(d.queue, prefix) && isWaitSuffix(d.queue[len(prefix):]) {
 			n += int(d.count)
 		}
 	}
@@ -264,8 +265,11 @@ func (e *engine) toMsg(queue string, d *amqp091.Delivery) *tinymq.Msg {
 	id, _ := strconv.ParseUint(d.MessageId, 10, 64)
 	deaths := xdeaths(d.Headers)
 	ex := d.Exchange
-	if ex == requeueExchange {
+	switch ex {
+	case requeueExchange:
 		ex, _ = d.Headers[hdrExchange].(string)
+	case "":
+		ex = DefaultExchange
 	}
 	return &tinymq.Msg{
 		ID:          id,

@@ -86,11 +86,12 @@ func TestAttemptsAndDeathsComeFromXDeath(t *testing.T) {
 func TestRetryWaitsAreTheDistinctBackoffs(t *testing.T) {
 	p := tinymq.RetryPolicy{MaxAttempts: 10, InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, Multiplier: 2}
 	assert.Equal(t, []int64{100, 200, 400, 800, 1000}, retryWaits(p))
-	q := &cqueue{waits: retryWaits(p), waitQs: []string{"a", "b", "c", "d", "e"}}
-	for attempt, want := range map[int]string{1: "a", 2: "b", 5: "e", 9: "e"} {
+	q := newQueue(nil, tinymq.QueueSpec{QueueInfo: tinymq.QueueInfo{Name: "q"}, Retry: p})
+	for attempt, want := range map[int]string{1: "tinymq.retry.q.100ms", 2: "tinymq.retry.q.200ms", 5: "tinymq.retry.q.1000ms", 9: "tinymq.retry.q.1000ms"} {
 		got, _ := q.waitFor(attempt)
 		assert.Equal(t, want, got, "attempt %d", attempt)
 	}
+	assert.Contains(t, q.waitQs, "tinymq.retry.q.400", "the earlier layout's, for DeleteQueue and PurgeQueue")
 	assert.Equal(t, []int64{50}, retryWaits(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: 50 * time.Millisecond,
 		MaxBackoff: time.Second, Multiplier: 2}))
 	assert.Equal(t, int64(1), millis(time.Microsecond))
@@ -102,4 +103,38 @@ func TestIDsAreNeverZero(t *testing.T) {
 	s.n.Store(^uint64(0) - 1)
 	assert.Equal(t, ^uint64(0), s.next())
 	assert.Equal(t, uint64(1), s.next(), "0 is skipped")
+}
+
+// TestJitteredWaitsAreRoundedToABoundedSetOfLevels: a jittered wait is
+// rounded to the nearest of at most jitterBuckets levels spread over
+// [d*(1-Jitter), d], each the TTL of a wait queue of its own, so that a
+// policy has a bounded number of wait queues and every message of one waits
+// as long.
+func TestJitteredWaitsAreRoundedToABoundedSetOfLevels(t *testing.T) {
+	assert.Equal(t, []int64{1000}, jitterLevels(1000, 0))
+	levels := jitterLevels(1000, 0.8)
+	assert.Len(t, levels, jitterBuckets)
+	assert.Equal(t, int64(200), levels[0])
+	assert.Equal(t, int64(1000), levels[len(levels)-1])
+	assert.Equal(t, []int64{1, 2}, jitterLevels(2, 1), "no duplicates when the range is narrow")
+	assert.Equal(t, int64(200), nearestLevel(levels, 201))
+	assert.Equal(t, int64(1000), nearestLevel(levels, 990))
+
+	p := tinymq.RetryPolicy{MaxAttempts: 10, InitialBackoff: time.Second, MaxBackoff: 4 * time.Second, Multiplier: 2, Jitter: 0.8}
+	q := newQueue(nil, tinymq.QueueSpec{QueueInfo: tinymq.QueueInfo{Name: "q"}, Retry: p})
+	seen := map[string]bool{}
+	for range 2000 {
+		for attempt := 1; attempt < 10; attempt++ {
+			name, ms := q.waitFor(attempt)
+			seen[name] = true
+			assert.Equal(t, retryQueueName("q", ms), name)
+			assert.Contains(t, q.waitQs, name)
+		}
+	}
+	assert.LessOrEqual(t, len(seen), 3*jitterBuckets, "3 distinct backoffs")
+	assert.Greater(t, len(seen), 2*jitterBuckets, "the levels are all used")
+	assert.Equal(t, 5, attempt(amqp091.Table{}, []xdeath{
+		{queue: "tinymq.retry.q.1000ms", reason: "expired", count: 2},
+		{queue: "tinymq.retry.q.1000", reason: "expired", count: 2}, // the earlier layout
+	}, "q"))
 }

@@ -27,6 +27,10 @@ type config struct {
 	amqp           amqp091.Config
 	quorum         bool     // WithQuorumQueues (see quorum.go)
 	nodes          []string // WithNodes: the other nodes' URLs (see nodes.go)
+
+	queuePrefetch map[string]int  // WithQueuePrefetch, by queue name; before prefetch
+	external      map[string]bool // WithExternalExchanges
+	helperLease   time.Duration   // 0: defaultHelperLease; tests shorten it
 }
 
 func defaultConfig() config {
@@ -85,6 +89,52 @@ func WithPrefetch(n int) Option {
 			return fmt.Errorf("%w: amqp.WithPrefetch(%d): must be at least 1", tinymq.ErrInvalidOption, n)
 		}
 		c.prefetch = n
+		return nil
+	})
+}
+
+// WithQueuePrefetch sets the prefetch (AMQP basic.qos, see [WithPrefetch])
+// of the consumers of one queue, by its name (WithQueueName), in place of
+// WithPrefetch's or the queue's concurrency: its RegisterQueue consumer and
+// every Consume of it. A queue of slow consumers keeps a prefetch of its
+// concurrency, so that other processes get the rest, while one of small
+// fast messages saves round trips. RegisterQueue (and Consume) refuse, with
+// [tinymq.ErrInvalidOption], a concurrency above n. n must be at least 1 and
+// the name not empty; given twice for a queue, the last one counts.
+func WithQueuePrefetch(queue string, n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 || queue == "" {
+			return fmt.Errorf("%w: amqp.WithQueuePrefetch(%q, %d): needs a queue name and n of at least 1", tinymq.ErrInvalidOption, queue, n)
+		}
+		if c.queuePrefetch == nil {
+			c.queuePrefetch = make(map[string]int)
+		}
+		c.queuePrefetch[queue] = n
+		return nil
+	})
+}
+
+// WithExternalExchanges names exchanges that other services own: the engine
+// never declares, changes or deletes them. DeclareExchange, RegisterQueue and
+// Bind check with a passive declaration (exchange.declare with passive set)
+// that the broker has them, whatever their type and arguments, and fail
+// with an error wrapping [tinymq.ErrUnknownExchange] when it has not; a
+// Publish to one needs no declaration in this MQ. DeleteExchange of one, and
+// WithAlternateExchange on one, are refused with [tinymq.ErrUnsupported].
+// The broker's own exchanges (amq.direct, amq.topic, ... and
+// [DefaultExchange]) are external without this option: RabbitMQ lets no
+// client declare a name starting with "amq.".
+func WithExternalExchanges(names ...string) Option {
+	return optionFunc(func(c *config) error {
+		for _, n := range names {
+			if n == "" {
+				return fmt.Errorf("%w: amqp.WithExternalExchanges: an empty name (the default exchange is amqp.DefaultExchange)", tinymq.ErrInvalidOption)
+			}
+			if c.external == nil {
+				c.external = make(map[string]bool)
+			}
+			c.external[n] = true
+		}
 		return nil
 	})
 }

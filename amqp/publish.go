@@ -309,7 +309,7 @@ func (e *engine) publishConfirmed(ctx context.Context, exchange, key string, msg
 		select {
 		case <-p.done:
 		case <-ctx.Done():
-			return fmt.Errorf("%w: %w", ErrUnconfirmed, ctx.Err())
+			return fmt.Errorf("%w%s: %w", ErrUnconfirmed, e.blockedNote(), ctx.Err())
 		case <-e.abort:
 			return fmt.Errorf("%w: %w; the broker may have it", ErrUnconfirmed, errShutdownCut)
 		}
@@ -364,6 +364,19 @@ func (e *engine) Publish(ctx context.Context, p tinymq.Publishing) error {
 	e.topoMu.RLock()
 	ex := e.exchanges[p.Exchange]
 	e.topoMu.RUnlock()
+	if ex == nil && e.external(p.Exchange) {
+		// Another service's: check, once, that the broker has it.
+		xkind := ""
+		if p.Exchange == DefaultExchange {
+			xkind = tinymq.Direct.String()
+		}
+		if err := e.declare([]step{{kind: stepExchange, name: p.Exchange, xkind: xkind, passive: true}}); err != nil {
+			return err
+		}
+		e.topoMu.RLock()
+		ex = e.exchanges[p.Exchange]
+		e.topoMu.RUnlock()
+	}
 	if ex == nil {
 		return fmt.Errorf("%w: %q (declare it in this MQ first)", tinymq.ErrUnknownExchange, p.Exchange)
 	}
@@ -402,7 +415,7 @@ func (e *engine) Publish(ctx context.Context, p tinymq.Publishing) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.publishTimeout)
 	defer cancel()
-	exchange := p.Exchange
+	exchange := wireExchange(p.Exchange)
 	if p.Delay > 0 {
 		wait, err := e.ensureDelay(p.Exchange, p.Delay)
 		if err != nil {
@@ -425,13 +438,18 @@ func (e *engine) Publish(ctx context.Context, p tinymq.Publishing) error {
 }
 
 // checkHeaders refuses the headers that a publish must not set: the
-// engine's own (tinymq-*, which route retries and delays) and those of the
+// engine's own (tinymq-*, which route retries and delays); those of the
 // broker's dead-lettering (x-death, x-first-death-*, x-last-death-*), from
 // which consumers learn a message's attempt and deaths: a publisher setting
-// them would forge a history.
+// them would forge a history; and CC and BCC, which RabbitMQ's
+// sender-selected distribution takes for more routing keys: the message
+// would reach queues that its exchange and routing key do not route it to
+// (in memory a header never routes).
 func checkHeaders(h map[string]any) error {
 	for k := range h {
 		switch {
+		case k == "CC" || k == "BCC":
+			return fmt.Errorf("%w: header %q: RabbitMQ routes the message to the routing keys it lists too (sender-selected distribution)", tinymq.ErrUnsupported, k)
 		case strings.HasPrefix(k, hdrPrefix):
 			return fmt.Errorf("%w: header %q: the prefix %q is the engine's", tinymq.ErrUnsupported, k, hdrPrefix)
 		case deathHeader(k):
@@ -468,26 +486,20 @@ func checkName(what, name string) error {
 	return nil
 }
 
-// ensureDelay declares, on first use, the delay queue of exchange for d: a
-// queue whose messages expire after d into exchange, keeping their routing
-// key and headers.
+// ensureDelay declares, at its first use on a connection and whenever its
+// lease needs renewing (see ensureHelper), the delay queue of exchange for d:
+// a queue whose messages expire after d into exchange, keeping their routing
+// key and headers. It records the queue for DeleteExchange.
 func (e *engine) ensureDelay(exchange string, d time.Duration) (string, error) {
 	ms := millis(d)
 	name := delayQueueName(exchange, ms)
-	e.topoMu.RLock()
-	_, ok := e.delays[name]
-	e.topoMu.RUnlock()
-	if ok {
-		return name, nil
+	if err := e.ensureHelper(name, ms, wireExchange(exchange)); err != nil {
+		return name, err
 	}
-	err := e.declare([]step{
-		{kind: stepQueue, name: name, args: e.helperQueueArgs(amqp091.Table{
-			"x-message-ttl":          ms,
-			"x-dead-letter-exchange": exchange,
-		})},
-		{kind: stepBind, name: name, exchange: waitExchange, args: amqp091.Table{"x-match": "all", hdrWait: name}},
-	})
-	return name, err
+	e.topoMu.Lock()
+	e.delays[name] = exchange
+	e.topoMu.Unlock()
+	return name, nil
 }
 
 // encode marshals data with the codec, which is user code: a panic becomes

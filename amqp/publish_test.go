@@ -226,6 +226,27 @@ func TestPublishCannotForgeTheEnginesOrTheBrokersHeaders(t *testing.T) {
 	require.NoError(t, m.Publish(n("ex"), "plain", tinymq.WithHeaders(map[string]any{"x-trace": "ok", "death": "fine"})))
 }
 
+// TestPublishCannotRouteWithCCOrBCC: RabbitMQ's sender-selected
+// distribution routes a message with a CC or BCC header to the routing keys
+// they list too, so a header of those names would reach queues that the
+// exchange and the routing key do not route it to: the publish is refused
+// with ErrUnsupported, and nothing is sent. (The broker reads those two
+// names only, as they are written.)
+func TestPublishCannotRouteWithCCOrBCC(t *testing.T) {
+	n := uniq(t)
+	m := newMQ(t)
+	require.NoError(t, m.DeclareQueue(n("a"), n("ex"), tinymq.Direct, tinymq.WithBindingKey("a")))
+	require.NoError(t, m.DeclareQueue(n("b"), n("ex"), tinymq.Direct, tinymq.WithBindingKey("b")))
+	for _, name := range []string{"CC", "BCC"} {
+		err := m.Publish(n("ex"), "to a only", tinymq.WithRoutingKey("a"), tinymq.WithHeaders(map[string]any{name: []any{"b"}}))
+		assert.ErrorIs(t, err, tinymq.ErrUnsupported, name)
+	}
+	assert.Equal(t, 0, brokerQueue(t, n("a")).Messages, "nothing was sent")
+	require.NoError(t, m.Publish(n("ex"), "to a", tinymq.WithRoutingKey("a"), tinymq.WithHeaders(map[string]any{"cc": []any{"b"}})))
+	assert.Equal(t, 1, brokerQueue(t, n("a")).Messages)
+	assert.Equal(t, 0, brokerQueue(t, n("b")).Messages, "a header the broker does not read routes nothing")
+}
+
 // TestOneEngineOptionServesOneMQ: the option of one amqp.Engine call given to
 // a second tinymq.New is refused with ErrInvalidOption (by the core, which
 // never hands the engine to the second MQ), and the first MQ is unaffected.

@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"slices"
+	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/tinymq/tinymq"
@@ -10,14 +11,18 @@ import (
 // Stats reports what this client knows: per exchange, what it published
 // and what came back unroutable; per queue, what its subscriptions did, how
 // many it has and whether it is paused, what PurgeQueue removed, and the
-// depth of the queue and of its retry wait queues, read from the broker
+// depth of the queue and of the retry wait queues this MQ used within their
+// lease (see wait.go), read from the broker
 // with passive declarations when connected (zero otherwise); the queues
 // this MQ deleted, or found expired, added up in Deleted. A passive
 // declaration is a use of the queue, which would keep one with an expiry
 // from expiring: for such a queue that no subscription of this MQ consumes
 // now, Ready is 0, and Stats only asks, with probeQueue, whether the broker
 // still has it; one it no longer has expired, and Stats forgets it (see
-// expire). It never waits for a connection.
+// expire). It never waits for a connection, and reads on the consuming
+// connection, which a broker's resource alarm does not block. Blocked is
+// the reason of the broker's connection.blocked on the publishing
+// connection, or "".
 func (e *engine) Stats() tinymq.Stats {
 	st := tinymq.Stats{
 		Exchanges: make(map[string]tinymq.ExchangeStats),
@@ -34,7 +39,10 @@ func (e *engine) Stats() tinymq.Stats {
 	e.topoMu.RUnlock()
 	e.mu.Lock()
 	queues := slices.Clone(e.queues)
-	conn := e.pubConn
+	// On the consuming connection: the broker never blocks it (it blocks
+	// connections that publish, during a resource alarm, by no longer reading
+	// them), so Stats does not wait behind a block.
+	conn := e.sub
 	e.mu.Unlock()
 
 	// depth reads a queue's ready messages; missing says that the broker
@@ -64,6 +72,7 @@ func (e *engine) Stats() tinymq.Stats {
 	} else {
 		depth = func(string) (int, bool) { return 0, false }
 	}
+	now := time.Now()
 	for _, q := range queues {
 		var ready int
 		var missing bool
@@ -83,8 +92,12 @@ func (e *engine) Stats() tinymq.Stats {
 		qs := q.counts()
 		qs.Ready = ready
 		for _, w := range q.waitQs {
-			n, _ := depth(w)
-			qs.Scheduled += n
+			// Only those this MQ used within their lease: the passive
+			// declaration is a use, which would keep them forever.
+			if e.helpers.recent(w, e.lease(), now) {
+				n, _ := depth(w)
+				qs.Scheduled += n
+			}
 		}
 		qs.Depth = qs.Ready + qs.Scheduled
 		st.Queues[q.spec.Name] = qs
@@ -92,6 +105,7 @@ func (e *engine) Stats() tinymq.Stats {
 	e.mu.Lock()
 	st.Deleted = e.deletedStatsLocked()
 	st.DeletedQueues, st.ExpiredQueues = e.deletedQueues, e.expiredQueues
+	st.Blocked = e.blocked
 	e.mu.Unlock()
 	return st
 }

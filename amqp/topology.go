@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -26,9 +25,10 @@ const (
 	// requeueExchange routes a message whose retry wait ended back to the
 	// queue that its hdrQueue header names, with its own routing key.
 	requeueExchange = "tinymq.requeue"
-	// retryPrefix names a queue's retry wait queues: tinymq.retry.<queue>.<ms>.
+	// retryPrefix names a queue's retry wait queues: tinymq.retry.<queue>.<ms>ms
+	// (see wait.go).
 	retryPrefix = "tinymq.retry."
-	// delayPrefix names an exchange's delay queues: tinymq.delay.<exchange>.<ms>.
+	// delayPrefix names an exchange's delay queues: tinymq.delay.<exchange>.<ms>ms.
 	delayPrefix = "tinymq.delay."
 
 	hdrPrefix   = "tinymq-"
@@ -42,14 +42,6 @@ const (
 func reserved(name string) bool {
 	return name == waitExchange || name == requeueExchange ||
 		strings.HasPrefix(name, retryPrefix) || strings.HasPrefix(name, delayPrefix)
-}
-
-func retryQueueName(queue string, ms int64) string {
-	return retryPrefix + queue + "." + strconv.FormatInt(ms, 10)
-}
-
-func delayQueueName(exchange string, ms int64) string {
-	return delayPrefix + exchange + "." + strconv.FormatInt(ms, 10)
 }
 
 // millis rounds d up to whole milliseconds, at least 1, as AMQP TTLs count.
@@ -78,6 +70,7 @@ type step struct {
 	exchange string // binding: the exchange
 	key      string // binding: the key
 	args     amqp091.Table
+	passive  bool // exchange: another service's, only checked (see WithExternalExchanges)
 }
 
 func (s step) String() string {
@@ -94,6 +87,12 @@ func (s step) String() string {
 func (s step) apply(ch *amqp091.Channel) error {
 	switch s.kind {
 	case stepExchange:
+		if s.passive {
+			if s.name == DefaultExchange {
+				return nil // every broker has it; it cannot be declared, even passively
+			}
+			return ch.ExchangeDeclarePassive(s.name, s.xkind, true, false, false, false, nil)
+		}
 		return ch.ExchangeDeclare(s.name, s.xkind, true, false, false, false, s.args)
 	case stepQueue:
 		_, err := ch.QueueDeclare(s.name, true, false, false, false, s.args)
@@ -101,6 +100,44 @@ func (s step) apply(ch *amqp091.Channel) error {
 	default:
 		return ch.QueueBind(s.name, s.key, s.exchange, false, s.args)
 	}
+}
+
+// exchangeStep is the declaration of an exchange of this MQ, or the check
+// that the broker has an external one (see WithExternalExchanges).
+func (e *engine) exchangeStep(name string, kind tinymq.ExchangeType, alternate string) step {
+	if e.external(name) {
+		return step{kind: stepExchange, name: name, xkind: kind.String(), passive: true}
+	}
+	return exchangeStep(name, kind, alternate)
+}
+
+// external reports whether the exchange is another service's or the
+// broker's (amq.*, the default exchange): never declared, changed or deleted.
+func (e *engine) external(name string) bool {
+	return strings.HasPrefix(name, "amq.") || e.cfg.external[name]
+}
+
+// DefaultExchange is the name under which the engine publishes to RabbitMQ's
+// default exchange (the exchange "" on the wire, which amqp091-go users
+// publish to), as the broker's management tools name it: it routes a
+// message to the queue named by its routing key:
+//
+//	mq.Publish(amqp.DefaultExchange, job, tinymq.WithRoutingKey("jobs"))
+//
+// It is external (see [WithExternalExchanges]) and needs no declaration. A
+// queue registered on it, with its own name as the binding key
+// (RegisterQueue(amqp.DefaultExchange, tinymq.Direct, fn, 1,
+// tinymq.WithQueueName("jobs"), tinymq.WithBindingKey("jobs"))), gets no
+// binding on the broker, which routes to every queue by its name; another
+// binding key, Bind and Unbind are refused with [tinymq.ErrUnsupported].
+const DefaultExchange = "amq.default"
+
+// wireExchange is the name of an exchange in AMQP methods.
+func wireExchange(name string) string {
+	if name == DefaultExchange {
+		return ""
+	}
+	return name
 }
 
 func exchangeStep(name string, kind tinymq.ExchangeType, alternate string) step {
@@ -430,6 +467,9 @@ func (e *engine) operate(op func(conn *amqp091.Connection) error) error {
 // declareError says what the broker refused.
 func declareError(s step, err error) error {
 	var ae *amqp091.Error
+	if s.passive && errors.As(err, &ae) && ae.Code == amqp091.NotFound {
+		return fmt.Errorf("%w: external exchange %q is not on the broker (its owner declares it): %w", tinymq.ErrUnknownExchange, s.name, err)
+	}
 	if errors.As(err, &ae) && ae.Code == amqp091.PreconditionFailed {
 		if terr := queueTypeError(s, ae); terr != nil {
 			return terr
