@@ -57,6 +57,18 @@ func unbindEngine(m *MQ, e Engine) {
 	boundEngines.CompareAndDelete(e, weak.Make(m))
 }
 
+// finalStats returns e's Stats, which the MQ keeps once it has shut down and
+// let e go, or none when e's Stats panics (it is user code; the MQ's
+// Shutdown must not panic for it).
+func finalStats(e Engine) (st Stats) {
+	defer func() {
+		if recover() != nil {
+			st = Stats{}
+		}
+	}()
+	return e.Stats()
+}
+
 // refusedEngine is the engine of an MQ whose Engine serves another MQ.
 type refusedEngine struct{ err error }
 

@@ -290,3 +290,19 @@ func TestAnMQDroppedWithoutShutdownIsCollectedAndFreesItsEngine(t *testing.T) {
 	defer next.Stop()
 	assert.NoError(t, next.DeclareQueue("b", "ev", tinymq.Fanout), "an abandoned MQ does not hold its engine for ever")
 }
+
+// statsPanicEngine's Stats panics: it is user code.
+type statsPanicEngine struct{ recEngine }
+
+func (*statsPanicEngine) Stats() tinymq.Stats { panic("stats exploded") }
+
+// Shutdown keeps the engine's last Stats once it lets the engine go; an
+// engine whose Stats panics does not make Shutdown panic, and the MQ's
+// Stats after that are empty, not the next MQ's.
+func TestShutdownSurvivesAnEngineWhoseStatsPanic(t *testing.T) {
+	e := &statsPanicEngine{}
+	m := tinymq.New(tinymq.WithEngine(e))
+	require.NoError(t, m.Start(context.Background()))
+	require.NotPanics(t, func() { require.NoError(t, m.Shutdown(context.Background())) })
+	assert.Empty(t, m.Stats().Queues)
+}

@@ -556,7 +556,7 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 		}
 		err := m.engine.Shutdown(ctx)
 		if err == nil && m.boundEngine != nil && !m.released.Swap(true) {
-			st := m.engine.Stats()
+			st := finalStats(m.engine)
 			m.final.Store(&st)
 			unbindEngine(m, m.boundEngine)
 		}

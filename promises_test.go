@@ -158,7 +158,7 @@ var promises = []struct {
 	}},
 	{"An Engine serves one MQ: a second MQ given it while the first has not shut down fails every call with ErrInvalidOption, the first unaffected; a stopped MQ never calls the engine again", []string{
 		"TestEngineServingAnotherMQIsRefused", "TestAStoppedMQNeverReachesTheEngineOfTheNextMQ", "TestDistinctZeroSizeEnginesAreNotRefused",
-		"TestEngineConcurrentMQsOneWins", "TestAnMQDroppedWithoutShutdownIsCollectedAndFreesItsEngine",
+		"TestEngineConcurrentMQsOneWins", "TestAnMQDroppedWithoutShutdownIsCollectedAndFreesItsEngine", "TestShutdownSurvivesAnEngineWhoseStatsPanic",
 	}},
 	{"A publish racing a delete or an unbind is all or nothing: it reaches the queue before the change (and is counted in what a delete removed) or not at all", []string{
 		"TestPublishRacingDeleteOrUnbindIsAllOrNothing",

@@ -613,6 +613,17 @@ func (e *engine) Shutdown(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 	}
+	// Counted before the consumers' contexts are cancelled: a consumer that
+	// returns at once on the cancel was still cut short by the deadline.
+	n := int64(0)
+	e.mu.Lock()
+	for _, q := range e.queues {
+		n += q.inFlight.Load()
+	}
+	for _, q := range e.deleted {
+		n += q.inFlight.Load()
+	}
+	e.mu.Unlock()
 	e.abortOnce.Do(func() {
 		close(e.abort)
 		e.cancelConsumers()
@@ -628,15 +639,6 @@ func (e *engine) Shutdown(ctx context.Context) error {
 	case <-e.pubs.done():
 	case <-grace.Done():
 	}
-	n := int64(0)
-	e.mu.Lock()
-	for _, q := range e.queues {
-		n += q.inFlight.Load()
-	}
-	for _, q := range e.deleted {
-		n += q.inFlight.Load()
-	}
-	e.mu.Unlock()
 	if n == 0 {
 		// No consumer was cut short: what is left is closing the
 		// connections, which takes milliseconds.
