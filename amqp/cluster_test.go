@@ -217,8 +217,6 @@ func TestQuorumQueuesAreDeclaredForEveryQueue(t *testing.T) {
 	assert.ErrorContains(t, err, "classic queue")
 }
 
-func nopConsumer(context.Context, *tinymq.Msg) error { return nil }
-
 // confirm is one publish that returned nil: when it was sent and when its
 // Publish returned.
 type confirm struct {
