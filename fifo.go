@@ -50,13 +50,13 @@ type chunk struct {
 // fifo is an unbounded FIFO of entries: a list of fixed-size chunks, so that
 // neither push nor pop ever copies the buffer. Popped slots are cleared at once
 // and drained chunks go back to chunkPool, so a queue that drains keeps one
-// chunk (2 KiB) and the rest is collected unless another queue reuses it.
+// chunk (2.5 KiB) and the rest is collected unless another queue reuses it.
 //
 // The stamps (entry.at) of a fifo's entries rise from head to tail, except
 // where an entry joins behind newer ones (a group's next message, which got
 // its stamp in the group's backlog; restored messages, in publish order,
-// whose delay or retry backoff ended late): floors keep those, so that oldest needs
-// no scan.
+// whose delay or retry backoff ended late): floors keep those, so that oldest
+// needs no scan. pop forgets the floors that left, so they stay bounded.
 type fifo struct {
 	head, tail *chunk
 	hi, ti     int // next pop in head, next push in tail
@@ -134,8 +134,21 @@ func (f *fifo) pop(dst []entry, k int) []entry {
 	if f.n == 0 { // head == tail: start the chunk over
 		f.hi, f.ti = 0, 0
 		f.floors = f.floors[:0]
+	} else if len(f.floors) > 0 && f.floors[0].pos < f.pos {
+		f.dropLeftFloors() // so that floors stay bounded when nothing reads oldest
 	}
 	return dst
+}
+
+// dropLeftFloors forgets the floors whose entries have left.
+func (f *fifo) dropLeftFloors() {
+	i := 0
+	for i < len(f.floors) && f.floors[i].pos < f.pos {
+		i++
+	}
+	if i > 0 {
+		f.floors = append(f.floors[:0], f.floors[i:]...)
+	}
 }
 
 // oldest returns the oldest stamp of f's entries, or 0 when f is empty: the
@@ -145,13 +158,7 @@ func (f *fifo) oldest() int64 {
 		return 0
 	}
 	at := f.head.entries[f.hi].at
-	i := 0
-	for i < len(f.floors) && f.floors[i].pos < f.pos {
-		i++ // left
-	}
-	if i > 0 {
-		f.floors = append(f.floors[:0], f.floors[i:]...)
-	}
+	f.dropLeftFloors()
 	if len(f.floors) > 0 {
 		at = min(at, f.floors[0].at)
 	}

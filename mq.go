@@ -50,7 +50,9 @@ type MQ struct {
 	//   - the scheduler (scheduler.run): started by Start, in wg; it ends when
 	//     drain closes schedQuit. It also deletes the queues whose
 	//     WithQueueExpiry passed (expireQueue): no queue has a goroutine or a
-	//     timer of its own.
+	//     timer of its own. It keeps the coarse clock that stamps enqueued
+	//     entries (scheduler.stamp): every 10 ms for a second after an
+	//     enqueue started it, then not until the next enqueue.
 	//   - the drain (drain): started by the first Stop or Shutdown of a
 	//     running MQ; it waits for quiescence (or the abort), closes the
 	//     queues and the scheduler, waits for wg, closes the log, waits for

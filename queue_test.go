@@ -206,3 +206,23 @@ func testQueue(n int) *queue {
 	m.subscribeLocked(q, consumer{}, n)
 	return q
 }
+
+// Entries that join behind newer ones (floors) are forgotten as they leave,
+// even when nothing reads the oldest stamp: a busy queue that never drains
+// keeps a bounded record of them.
+func TestFifoFloorsStayBoundedWithoutReaders(t *testing.T) {
+	var f fifo
+	m := &Msg{}
+	f.push(entry{m: m, at: 1})
+	for i := range 10000 {
+		f.push(entry{m: m, at: int64(2*i + 10)})
+		f.push(entry{m: m, at: int64(2*i + 9)}) // behind a newer one: a floor
+		var out [2]entry
+		f.pop(out[:0], 2) // one entry always stays: the queue never drains
+	}
+	require.Equal(t, 1, f.n)
+	assert.LessOrEqual(t, len(f.floors), 2, "floors of entries that left are forgotten")
+	f.push(entry{m: m, at: 100000})
+	f.push(entry{m: m, at: 50})
+	assert.Equal(t, int64(50), f.oldest(), "a floor behind the head is the oldest")
+}
