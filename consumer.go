@@ -23,6 +23,10 @@ type ConsumerFunc func(ctx context.Context, msg *Msg) error
 type consumer struct {
 	fn     ConsumerFunc
 	direct func(ctx context.Context, d Delivery[any]) error
+	// data, when set, is direct for a consumer of the payload alone
+	// ([RegisterHandler] without middleware): a shared entry's delivery
+	// builds no Delivery for it.
+	data func(ctx context.Context, data any) error
 
 	payload reflect.Type // the T of a typed consumer (see typeQueueLocked), or nil
 }

@@ -92,12 +92,29 @@ func decodeAs[T any](data any, nilOK bool) (T, error) {
 // no type parameters; it blocks, and behaves after Stop, as RegisterQueue
 // does. A nil fn is [ErrNilConsumer].
 func RegisterHandler[T any](m *MQ, exchange string, kind ExchangeType, fn func(ctx context.Context, v T) error, concurrency int, opts ...QueueOption) error {
+	if m == nil {
+		return fmt.Errorf("%w: nil MQ", ErrInvalidOption)
+	}
 	if fn == nil {
 		return ErrNilConsumer
 	}
-	return RegisterDeliveryHandler(m, exchange, kind, func(ctx context.Context, d Delivery[T]) error {
-		return fn(ctx, d.Data)
-	}, concurrency, opts...)
+	return m.register(exchange, kind, payloadConsumer(fn), concurrency, opts)
+}
+
+// payloadConsumer is the consumer of a function of payloads of T: the
+// deliveryConsumer of fn, which a shared entry's delivery calls through
+// data, without a Delivery.
+func payloadConsumer[T any](fn func(ctx context.Context, v T) error) consumer {
+	c := deliveryConsumer(func(ctx context.Context, d Delivery[T]) error { return fn(ctx, d.Data) })
+	nilOK := reflect.TypeFor[T]().Kind() == reflect.Interface
+	c.data = func(ctx context.Context, data any) error {
+		v, err := payloadAs[T](data, nilOK)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, v)
+	}
+	return c
 }
 
 // RegisterDeliveryHandler is [RegisterHandler] for a consumer that needs the

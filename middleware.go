@@ -103,6 +103,7 @@ func (m *MQ) wrapConsumer(c consumer) consumer {
 	if len(m.middleware) == 0 {
 		return c
 	}
+	c.data = nil // the middleware takes Deliveries
 	var inner DeliveryFunc
 	if c.direct != nil {
 		inner = c.direct

@@ -50,10 +50,13 @@ func (m *MQ) Consume(queue string, consumer ConsumerFunc, concurrency int) (*Sub
 // with a [Permanent] error wrapping ErrPayloadType. A nil fn is
 // [ErrNilConsumer].
 func ConsumeHandler[T any](m *MQ, queue string, fn func(ctx context.Context, v T) error, concurrency int) (*Subscription, error) {
+	if m == nil {
+		return nil, fmt.Errorf("%w: nil MQ", ErrInvalidOption)
+	}
 	if fn == nil {
 		return nil, ErrNilConsumer
 	}
-	return ConsumeDeliveries(m, queue, func(ctx context.Context, d Delivery[T]) error { return fn(ctx, d.Data) }, concurrency)
+	return m.consume(queue, payloadConsumer(fn), concurrency)
 }
 
 // ConsumeDeliveries is [ConsumeHandler] for a consumer that needs the

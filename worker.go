@@ -157,6 +157,8 @@ func (q *queue) process(ctx context.Context, c consumer, e *entry, m *Msg, tc *t
 		q.settle(m, fmt.Errorf("%w (queue %q)", ErrGoexit, q.name))
 	}()
 	switch {
+	case m == nil && c.data != nil:
+		err = c.data(ctx, e.data)
 	case m == nil:
 		err = c.direct(ctx, e.delivery(q.name))
 	case c.direct != nil:
