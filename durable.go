@@ -1093,16 +1093,17 @@ func (m *MQ) logMessage(ex *exchange, id uint64, now time.Time, dst []*queue, ms
 		}
 	}
 	var inBatch []byte
-	inBatch, sc.val = rec.putIn(b, kb, sc.val, raw)
+	inBatch, sc.val = rec.putIn(b, key, sc.val, raw)
 	if inBatch != nil {
 		body = inBatch
 	}
 	if inPlace { // body is in b's bytes, which the consumers keep: b is not reused
 		defer func() { sc.b = wal.Batch{} }()
 	}
+	var enc any = Encoded{Body: body, Codec: d.codec} // one allocation, however many durable queues share it
 	for i, q := range dst {
 		if q.cfg.durable {
-			msgs[i].Data = Encoded{Body: body, Codec: d.codec}
+			msgs[i].Data = enc
 		}
 	}
 	if pc.dedupID != "" && ex.dedup != nil { // the ID is accepted with the message, or neither is

@@ -130,12 +130,14 @@ func appendString(b []byte, s string) []byte {
 }
 
 // putIn puts the encoding of s under key into b, sized once and written in
-// place: head is scratch room for the small fields before the body. With raw
+// place: head is scratch room for the small fields before the body. The
+// log's index keeps key itself (see wal.Batch.PutSizedString): the string
+// that the message's Msgs and refs hold is the index's too. With raw
 // non-nil, the body is JSONCodec's encoding of raw, written straight into b
 // (s.body is ignored). It returns, with raw, the bytes of b that hold the
 // body's encoding (nil without raw: the body is s.body); and the head buffer
 // for reuse.
-func (s *storedMsg) putIn(b *wal.Batch, key, head, raw []byte) (body, headBuf []byte) {
+func (s *storedMsg) putIn(b *wal.Batch, key string, head, raw []byte) (body, headBuf []byte) {
 	head = s.appendHead(head[:0])
 	n := len(s.body)
 	if raw != nil {
@@ -147,7 +149,7 @@ func (s *storedMsg) putIn(b *wal.Batch, key, head, raw []byte) (body, headBuf []
 	}
 	size := len(head) + uvarintLen(uint64(n)) + n + tail
 	b.Grow(1 + 2*binary.MaxVarintLen64 + len(key) + size + 256) // room too for a dead letter's acknowledgement
-	v := b.PutSized(key, size)
+	v := b.PutSizedString(key, size)
 	w := append(v[:0], head...)
 	w = binary.AppendUvarint(w, uint64(n))
 	if raw != nil {

@@ -597,9 +597,16 @@ func unreserve(qs []*queue, inbound bool) {
 // publishes that reach a durable queue through an alternate exchange, are
 // encoded later, on a goroutine of their own: see encodeData.)
 func (m *MQ) preEncode(exchange string, data any, pc *publishConfig) (err error) {
-	m.mu.RLock()
-	ex := m.exchanges[exchange]
-	m.mu.RUnlock()
+	// The exchange last published to, without the read lock: the answer
+	// may be stale either way, as the one read under the lock is once it is
+	// released (publish decides under the lock; a message not encoded here
+	// is encoded by logMessage).
+	ex := m.lastEx.Load()
+	if ex == nil || ex.name != exchange {
+		m.mu.RLock()
+		ex = m.exchanges[exchange]
+		m.mu.RUnlock()
+	}
 	if ex == nil || !ex.durable.Load() {
 		return nil
 	}

@@ -1,7 +1,9 @@
 package wal
 
 import (
+	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -59,4 +61,40 @@ func TestNilAndEmptyBatch(t *testing.T) {
 	require.NoError(t, l.CommitAsync(nil))
 	require.NoError(t, l.Sync())
 	assert.Empty(t, contents(t, l))
+}
+
+// A Commit indexes a PutSizedString key by the caller's own string, not a
+// copy: the index holds the very bytes the caller holds. A reused batch
+// forgets its keys, and a CommitAsync of PutSizedString keys (merged with
+// other batches) is applied as any other.
+func TestPutSizedStringIndexKeepsTheKey(t *testing.T) {
+	dir := t.TempDir()
+	l := openT(t, dir, Options{}, nil)
+	key := strings.Repeat("m/", 4) + "sized"
+	var b Batch
+	b.Put([]byte("plain"), []byte("p"))
+	copy(b.PutSizedString(key, 3), "abc")
+	b.Delete([]byte("gone"))
+	copy(b.PutSizedString(key+"2", 1), "z")
+	require.Equal(t, []string{key, key + "2"}, b.keys)
+	require.NoError(t, l.Commit(&b))
+	b.Reset()
+	assert.Empty(t, b.keys)
+	assert.Equal(t, []string{"", ""}, b.keys[:2], "Reset keeps no key alive")
+	async := "async/" + key
+	copy(b.PutSizedString(async, 1), "y")
+	require.NoError(t, l.CommitAsync(&b))
+	require.NoError(t, l.Sync())
+
+	l.mu.Lock()
+	held := map[string]*byte{}
+	for k := range l.index {
+		held[k] = unsafe.StringData(k)
+	}
+	l.mu.Unlock()
+	assert.Same(t, unsafe.StringData(key), held[key], "the index copied a PutSizedString key")
+	want := map[string]string{"plain": "p", key: "abc", key + "2": "z", async: "y"}
+	assert.Equal(t, want, contents(t, l))
+	require.NoError(t, l.Close())
+	assert.Equal(t, want, contents(t, openT(t, dir, Options{}, nil)), "after a reopen")
 }

@@ -228,9 +228,15 @@ func open(dir string, opts Options, fsys fileSystem) (*Log, error) {
 // request is a batch (or a Sync) sent to the writer.
 type request struct {
 	rec  []byte     // an unsealed record; nil for Sync
+	keys []string   // the batch's PutSizedString keys, for the index (see Log.apply)
 	sync bool       // Sync: fdatasync whatever the policy
 	done chan error // receives the outcome; nil for CommitAsync
 }
+
+// wakeRequest is the request a CommitAsync sends to make the writer take the
+// batches waiting (see asyncOps): one for every log, since the writer only
+// reads a request, and one without a done channel is never answered.
+var wakeRequest = &request{}
 
 // getRequest returns a request with its done channel, for Commit and Sync,
 // from the log's own pool (putRequest gives it back once the writer has sent
@@ -246,15 +252,17 @@ func (l *Log) getRequest() *request {
 
 func (l *Log) putRequest(r *request) { l.reqPool.Put(r) }
 
-// call sends a request for rec (a Commit) or a sync to the writer and waits for its answer.
-func (l *Log) call(rec []byte, sync bool) error {
+// call sends a request for rec (a Commit, with its batch's keys) or a sync
+// to the writer and waits for its answer. The writer reads rec and keys only
+// until it answers.
+func (l *Log) call(rec []byte, keys []string, sync bool) error {
 	r := l.getRequest()
-	r.rec, r.sync = rec, sync
+	r.rec, r.keys, r.sync = rec, keys, sync
 	err := l.send(r)
 	if err == nil {
 		err = <-r.done
 	}
-	r.rec = nil
+	r.rec, r.keys = nil, nil
 	l.putRequest(r)
 	return err
 }
@@ -274,7 +282,11 @@ func (l *Log) Commit(b *Batch) error {
 	if err != nil {
 		return err
 	}
-	return l.call(rec, false)
+	var keys []string
+	if b != nil {
+		keys = b.keys
+	}
+	return l.call(rec, keys, false)
 }
 
 // CommitAsync orders b in the log behind every batch already committed or
@@ -307,13 +319,13 @@ func (l *Log) CommitAsync(b *Batch) error {
 	if behind {
 		// Wait for the writer to take what is waiting, like a full reqs.
 		r := l.getRequest()
-		r.rec, r.sync = nil, false
+		r.rec, r.keys, r.sync = nil, nil, false
 		l.enqueue(r)
 		err := <-r.done
 		l.putRequest(r)
 		return err
 	} else if wake {
-		l.enqueue(&request{})
+		l.enqueue(wakeRequest)
 	}
 	return nil
 }
@@ -389,7 +401,7 @@ func (a *asyncOps) take(spare *Batch, fn func(rec []byte) error) error {
 // pending). It returns an error wrapping [ErrFailed] if the log failed, and
 // [ErrClosed] after Close.
 func (l *Log) Sync() error {
-	return l.call(nil, true)
+	return l.call(nil, nil, true)
 }
 
 func recordOf(b *Batch) ([]byte, error) {

@@ -174,7 +174,7 @@ func (r *recoverer) replay(i int, last bool, nextSeq *uint64) (stop bool, err er
 			}
 			return true, r.corrupt(i, f, off, err.Error())
 		}
-		l.apply(seg, off, rec.ops)
+		l.apply(seg, off, rec.ops, nil)
 		seg.records++
 		l.recovery.Records++
 		seq++
@@ -504,7 +504,11 @@ func (r *recoverer) report(c Cut) {
 
 // apply applies the ops of the record at recOff of seg to the index and the
 // live accounting. The caller holds mu, or is Open before the writer starts.
-func (l *Log) apply(seg *segment, recOff int64, ops []op) {
+// keys are strings of the record's Put keys, in order (see
+// Batch.PutSizedString): a Put whose key is the next of them is indexed by
+// that string, not by a copy. They are checked, never trusted: a key that
+// differs is copied as without them.
+func (l *Log) apply(seg *segment, recOff int64, ops []op, keys []string) {
 	for _, o := range ops {
 		if o.kind == opTrim {
 			l.w.trimmed = max(l.w.trimmed, o.seg)
@@ -522,7 +526,13 @@ func (l *Log) apply(seg *segment, recOff int64, ops []op) {
 			continue
 		}
 		c := o.cost()
-		l.index[string(o.key)] = loc{seg: seg.id, off: uint32(recOff + int64(o.valOff)), vlen: uint32(len(o.val))}
+		lc := loc{seg: seg.id, off: uint32(recOff + int64(o.valOff)), vlen: uint32(len(o.val))}
+		if len(keys) > 0 && keys[0] == string(o.key) {
+			l.index[keys[0]] = lc
+			keys = keys[1:]
+		} else {
+			l.index[string(o.key)] = lc
+		}
 		seg.liveKeys++
 		seg.liveBytes += c
 		l.liveBytes += c

@@ -37,6 +37,7 @@ type writer struct {
 
 type pendingRec struct {
 	start, end int
+	keys       []string // its Commit's PutSizedString keys, for apply; the committer's until answered
 	compaction bool
 	trim       bool // a trim record: neither a commit nor a compaction
 }
@@ -190,7 +191,7 @@ func (l *Log) process(group []*request) {
 func (l *Log) writeGroup(group []*request) error {
 	// CommitAsync batches first: those ordered before a request of the group
 	// was sent are among them (see asyncOps).
-	if err := l.async.take(&l.w.spare, func(rec []byte) error { return l.appendRecord(rec, false) }); err != nil {
+	if err := l.async.take(&l.w.spare, func(rec []byte) error { return l.appendRecord(rec, nil, false) }); err != nil {
 		return l.fail(err)
 	}
 	needSync, waiters := false, 0
@@ -199,7 +200,7 @@ func (l *Log) writeGroup(group []*request) error {
 			waiters++
 		}
 		if r.rec != nil {
-			if err := l.appendRecord(r.rec, false); err != nil {
+			if err := l.appendRecord(r.rec, r.keys, false); err != nil {
 				return l.fail(err)
 			}
 			needSync = needSync || (r.done != nil && l.opts.Sync == SyncAlways)
@@ -242,8 +243,10 @@ const directRecord = 1 << 20
 // first if it would not fit in the head. A record of directRecord bytes or
 // more is sealed in place and written at once, after what the buffer holds:
 // rec is the writer's until the call returns (its committer waits, or it is
-// the writer's own buffer).
-func (l *Log) appendRecord(rec []byte, compaction bool) error {
+// the writer's own buffer). keys are the strings of rec's PutSizedString
+// keys, which the index may keep, or nil; like rec, they are read only until
+// the record is flushed, before its committer is answered.
+func (l *Log) appendRecord(rec []byte, keys []string, compaction bool) error {
 	head := l.head()
 	end := head.size + int64(len(l.w.wbuf))
 	if end > headerLen && end+int64(len(rec)) > l.opts.SegmentSize {
@@ -260,7 +263,7 @@ func (l *Log) appendRecord(rec []byte, compaction bool) error {
 		sealRecord(rec, l.w.nextSeq, l.w.synced, head.salt)
 		l.w.nextSeq++
 		l.w.wbuf = rec
-		l.w.pending = append(l.w.pending, pendingRec{start: 0, end: len(rec), compaction: compaction})
+		l.w.pending = append(l.w.pending, pendingRec{start: 0, end: len(rec), keys: keys, compaction: compaction})
 		err := l.flush()
 		l.w.wbuf = buf[:0] // never keep rec, which is the committer's
 		return err
@@ -269,7 +272,7 @@ func (l *Log) appendRecord(rec []byte, compaction bool) error {
 	l.w.wbuf = append(l.w.wbuf, rec...)
 	sealRecord(l.w.wbuf[start:], l.w.nextSeq, l.w.synced, head.salt)
 	l.w.nextSeq++
-	l.w.pending = append(l.w.pending, pendingRec{start: start, end: len(l.w.wbuf), compaction: compaction})
+	l.w.pending = append(l.w.pending, pendingRec{start: start, end: len(l.w.wbuf), keys: keys, compaction: compaction})
 	return nil
 }
 
@@ -306,6 +309,7 @@ func (l *Log) flush() error {
 	}
 	head := l.head()
 	defer func() {
+		clear(l.w.pending) // their keys are the committers'
 		l.w.pending = l.w.pending[:0]
 		if cap(l.w.wbuf) > 2*maxGroupBytes {
 			l.w.wbuf = nil // do not keep the memory of one huge batch
@@ -326,7 +330,7 @@ func (l *Log) flush() error {
 			return fmt.Errorf("re-decoding a record written to %s: %w", head.path, err) // a bug
 		}
 		l.w.ops = r.ops
-		l.apply(head, head.size+int64(p.start), r.ops)
+		l.apply(head, head.size+int64(p.start), r.ops, p.keys)
 		head.records++
 		switch {
 		case p.trim:
@@ -381,7 +385,7 @@ func (l *Log) finish() {
 	if l.failure() != nil {
 		return
 	}
-	if err := l.async.take(&l.w.spare, func(rec []byte) error { return l.appendRecord(rec, false) }); err != nil {
+	if err := l.async.take(&l.w.spare, func(rec []byte) error { return l.appendRecord(rec, nil, false) }); err != nil {
 		l.fail(err)
 		return
 	}
@@ -556,7 +560,7 @@ func (l *Log) compactStep() error {
 	}
 	l.w.compactOff += int64(pos)
 	if b.Len() > 0 {
-		if err := l.appendRecord(b.record(), true); err != nil {
+		if err := l.appendRecord(b.record(), nil, true); err != nil {
 			return err
 		}
 		if err := l.flush(); err != nil {
