@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -59,6 +60,7 @@ func Systems() []System {
 		{Name: "chan", Note: "floor: buffered channels of []byte; Publish blocks when a buffer is full", Fanout: chanFanout, Topic: chanTopic},
 		{Name: "tinymq", Note: "unbounded queues: never blocks, never drops", Fanout: tinymqFanout(registerMsg), Topic: tinymqTopic(registerMsg)},
 		{Name: "tinymq-handler", Note: "RegisterHandler: deliveries allocate no Msg", Fanout: tinymqFanout(registerHandler), Topic: tinymqTopic(registerHandler)},
+		{Name: "tinymq-ptr", Note: "RegisterHandler of a pointer payload, published as that pointer: nothing is boxed or allocated per message", Fanout: tinymqPtrFanout, Topic: tinymqPtrTopic},
 		{Name: "watermill", Note: "GoChannel, OutputChannelBuffer 1024: two goroutines per message until acked", Fanout: watermillFanout},
 		{Name: "eventbus", Note: "SubscribeAsync, not transactional: one goroutine per message and subscriber, handlers run concurrently and out of order (transactional mode makes Publish wait for the previous handler call)", Fanout: eventbusFanout},
 		{Name: "nats", Note: "core NATS on 127.0.0.1, pending limits lifted (by default a slow subscriber drops past 64k messages)", Fanout: natsFanout, Topic: natsTopic},
@@ -188,6 +190,56 @@ func (p tinymqPipeline) PublishKey(key string, b []byte) error {
 }
 
 func (p tinymqPipeline) Close() { p.m.Stop() }
+
+// The allocation-free form: RegisterHandler[*[]byte] and a Publish of the
+// pointer, which Publish does not box. The workloads reuse one payload, or
+// make one per message: a pipeline reuses the pointer of the last payload
+// for the same bytes, and allocates one for new ones (as an application
+// allocates the event it publishes).
+type tinymqPtrPipeline struct {
+	tinymqPipeline
+	last atomic.Pointer[[]byte]
+}
+
+// registerPtr consumes with RegisterHandler[*[]byte].
+func registerPtr(m *tinymq.MQ, kind tinymq.ExchangeType, i int, h Handler, opts ...tinymq.QueueOption) error {
+	return tinymq.RegisterHandler(m, "bench", kind, func(_ context.Context, b *[]byte) error {
+		h(i, *b)
+		return nil
+	}, 1, opts...)
+}
+
+func tinymqPtrFanout(subs, buffer int, h Handler) (Pipeline, error) {
+	p, err := tinymqFanout(registerPtr)(subs, buffer, h)
+	if err != nil {
+		return nil, err
+	}
+	return &tinymqPtrPipeline{tinymqPipeline: p.(tinymqPipeline)}, nil
+}
+
+func tinymqPtrTopic(bindings int, h Handler) (KeyedPipeline, error) {
+	p, err := tinymqTopic(registerPtr)(bindings, h)
+	if err != nil {
+		return nil, err
+	}
+	return &tinymqPtrPipeline{tinymqPipeline: p.(tinymqPipeline)}, nil
+}
+
+// ptr returns a pointer to b's bytes: the last one when it points to them.
+func (p *tinymqPtrPipeline) ptr(b []byte) *[]byte {
+	if last := p.last.Load(); last != nil && len(*last) == len(b) && (len(b) == 0 || &(*last)[0] == &b[0]) {
+		return last
+	}
+	d := b
+	p.last.Store(&d)
+	return &d
+}
+
+func (p *tinymqPtrPipeline) Publish(b []byte) error { return p.m.Publish("bench", p.ptr(b)) }
+
+func (p *tinymqPtrPipeline) PublishKey(key string, b []byte) error {
+	return p.m.Publish("bench", p.ptr(b), tinymq.WithRoutingKey(key))
+}
 
 // --- watermill GoChannel ----------------------------------------------------
 
