@@ -121,23 +121,62 @@ func (f *fifo) pop(dst []entry, k int) []entry {
 	for range k {
 		dst = append(dst, f.head.entries[f.hi])
 		f.head.entries[f.hi] = entry{}
-		f.hi++
-		f.n--
-		f.pos++
-		if f.hi == chunkSize && f.head != f.tail {
-			old := f.head
-			f.head, f.hi = old.next, 0
-			old.next = nil
-			chunkPool.Put(old)
+		f.popped(1)
+	}
+	f.settle()
+	return dst
+}
+
+// popRun moves the oldest entries into dst, as many as fit, a chunk's run
+// at a time, and returns how many: it stops before an entry with a deadline
+// (see entry.expiresAt), unless that one comes first, so that a worker's
+// batch never holds a message that could expire in it.
+func (f *fifo) popRun(dst []entry) int {
+	got := 0
+	for got < len(dst) && f.n > 0 {
+		run := f.head.entries[f.hi : f.hi+min(len(dst)-got, f.n, chunkSize-f.hi)]
+		k := len(run)
+		for i := range run {
+			if got+i > 0 && run[i].expiresAt() != 0 {
+				k = i
+				break
+			}
+		}
+		copy(dst[got:], run[:k])
+		clear(run[:k])
+		got += k
+		f.popped(k)
+		if k < len(run) {
+			break // before a deadline
 		}
 	}
+	f.settle()
+	return got
+}
+
+// popped moves the head past k popped (and cleared) entries of its chunk,
+// to the next chunk at the end of one.
+func (f *fifo) popped(k int) {
+	f.hi += k
+	f.n -= k
+	f.pos += int64(k)
+	if f.hi == chunkSize && f.head != f.tail {
+		old := f.head
+		f.head, f.hi = old.next, 0
+		old.next = nil
+		chunkPool.Put(old)
+	}
+}
+
+// settle ends a pop: a drained fifo starts its chunk over, and the floors
+// that left are forgotten.
+func (f *fifo) settle() {
 	if f.n == 0 { // head == tail: start the chunk over
 		f.hi, f.ti = 0, 0
 		f.floors = f.floors[:0]
 	} else if len(f.floors) > 0 && f.floors[0].pos < f.pos {
 		f.dropLeftFloors() // so that floors stay bounded when nothing reads oldest
 	}
-	return dst
 }
 
 // dropLeftFloors forgets the floors whose entries have left.

@@ -226,3 +226,37 @@ func TestFifoFloorsStayBoundedWithoutReaders(t *testing.T) {
 	f.push(entry{m: m, at: 50})
 	assert.Equal(t, int64(50), f.oldest(), "a floor behind the head is the oldest")
 }
+
+// A worker's batch comes out of the fifo a chunk's run at a time, in order,
+// and ends before a message with a deadline unless that message comes first:
+// no message can expire while it sits in a batch.
+func TestFifoPopRunEndsBeforeADeadline(t *testing.T) {
+	var f fifo
+	shared := &Msg{shared: true}
+	for i := range 150 {
+		f.push(entry{m: shared, id: uint64(i)})
+	}
+	dl := &Msg{ID: 150}
+	dl.ext().expires = 1
+	f.push(entry{m: dl, id: 150})
+	f.push(entry{m: shared, id: 151})
+	batch := make([]entry, maxBatch)
+	var ids []uint64
+	var sizes []int
+	for f.n > 0 {
+		n := f.popRun(batch)
+		require.NotZero(t, n)
+		sizes = append(sizes, n)
+		for _, e := range batch[:n] {
+			ids = append(ids, e.id)
+		}
+	}
+	assert.Equal(t, []int{64, 64, 22, 2}, sizes, "runs cross chunks, and end before the deadline")
+	for i, id := range ids {
+		require.Equal(t, uint64(i), id, "position %d", i)
+	}
+	assert.Equal(t, 1, f.chunks(), "a drained fifo keeps one chunk")
+	for _, e := range f.head.entries {
+		assert.Zero(t, e, "popped slots are cleared so messages can be collected")
+	}
+}

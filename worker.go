@@ -394,15 +394,9 @@ func (q *queue) refillLocked(w *worker) entry {
 	if q.cfg.ttl == 0 && q.cfg.maxLen == 0 && q.cfg.rate == 0 && !q.cfg.groups { // a rate limit counts each delivery's token here
 		k = min(max(q.buf.n/max(q.active, 1), 1), maxBatch)
 	}
-	n := 0
-	for n < k && q.buf.n > 0 {
-		if n > 0 && q.buf.peek().expiresAt() != 0 {
-			break
-		}
-		var one [1]entry
-		w.batch[n] = q.buf.pop(one[:0], 1)[0]
-		w.ats[n] = w.batch[n].at
-		n++
+	n := q.buf.popRun(w.batch[:k])
+	for i := range n {
+		w.ats[i] = w.batch[i].at
 	}
 	w.n = n
 	w.next.Store(1)
