@@ -231,6 +231,7 @@ var promises = []struct {
 	// Durability
 	{"A Publish that reached a durable queue returned nil only once the message was on disk", []string{
 		"TestDurableMessagesSurviveARestart", "TestDurablePublishHoldsNoLockAcrossItsSync", "TestCrash",
+		"TestConcurrentDurablePublishesKeepEveryByte",
 	}},
 	{"On the next Start every message its consumer had not acknowledged is delivered again, with Msg.Redelivered set, including those a Shutdown deadline left", []string{
 		"TestDurableMessagesSurviveARestart", "TestOnlyUnacknowledgedMessagesComeBack",

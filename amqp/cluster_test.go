@@ -232,6 +232,9 @@ type confirm struct {
 // went to, B. It checks that publishing resumes on another node within 30 s
 // of each kill (and logs how long it took), and that every message whose
 // Publish returned nil is consumed at least once (it logs the duplicates).
+// Should RabbitMQ's dead-letter worker hold the wait queue's retries after
+// the failovers (a RabbitMQ 3.10 defect, see amqp/README.md), the test does
+// what that README tells operators to, once, and logs it.
 func TestQuorumQueuesLoseNoConfirmedMessageWhenANodeIsKilled(t *testing.T) {
 	c := cluster(t)
 	urls := c.URLs()
@@ -406,7 +409,19 @@ func TestQuorumQueuesLoseNoConfirmedMessageWhenANodeIsKilled(t *testing.T) {
 	for text, k := range kinds {
 		failures = append(failures, fmt.Sprintf("%d× %q", k, text))
 	}
+	// RabbitMQ 3.10.8 (Debian 12's) sometimes leaves a quorum queue's
+	// at-least-once dead-letter worker deaf after the elections of a
+	// failover: the wait queue's expired retries stay in it as dead letters
+	// (in its message count, neither ready nor unacknowledged) and move only
+	// once the queue elects a leader again. They are held by the broker, not
+	// lost; amqp/README.md tells operators how to see it and what to do,
+	// which is what this does when deliveries stall with dead letters held:
+	// restart the node that leads the wait queue, once, and then every
+	// confirmed message must arrive.
 	deadline := time.After(2 * time.Minute)
+	stalled := time.NewTimer(20 * time.Second)
+	defer stalled.Stop()
+	restarted := false
 	for {
 		mu.Lock()
 		missing, dups := 0, 0
@@ -426,6 +441,25 @@ func TestQuorumQueuesLoseNoConfirmedMessageWhenANodeIsKilled(t *testing.T) {
 		}
 		select {
 		case <-delivered:
+			stalled.Reset(20 * time.Second)
+		case <-stalled.C:
+			stalled.Reset(20 * time.Second)
+			if restarted {
+				continue
+			}
+			leader, held := heldDeadLetters(t, c, "tinymq.retry."+n("q"))
+			if held == 0 {
+				continue
+			}
+			i := slices.IndexFunc(c.Nodes(), func(b *brokertest.Broker) bool { return b.Node() == leader })
+			if i < 0 {
+				continue
+			}
+			restarted = true
+			t.Logf("%d of %d confirmed messages missing, and for 20 s no delivery: the wait queue holds %d dead letters that its leader, %s, does not move (RabbitMQ 3.10's dead-letter worker after a failover); restarting that node",
+				missing, len(want), held, leader)
+			c.Nodes()[i].Restart(t)
+			deadline = time.After(2 * time.Minute)
 		case <-deadline:
 			out, _ := c.Ctl(context.Background(), 2, "list_queues", "name", "leader", "online", "messages", "messages_ready", "messages_unacknowledged")
 			t.Logf("the queues:\n%s", out)
@@ -433,4 +467,33 @@ func TestQuorumQueuesLoseNoConfirmedMessageWhenANodeIsKilled(t *testing.T) {
 		}
 	}
 	m.Stop()
+}
+
+// heldDeadLetters returns the leader of each quorum queue whose name starts
+// with prefix and that holds messages neither ready nor unacknowledged (dead
+// letters its worker has not moved yet), and how many it holds in all; "",
+// 0 when there are none, or when the cluster cannot say.
+func heldDeadLetters(t *testing.T, c *brokertest.Cluster, prefix string) (leader string, held int) {
+	t.Helper()
+	for i := range c.Nodes() {
+		out, err := c.Ctl(context.Background(), i, "list_queues", "name", "leader", "messages", "messages_ready", "messages_unacknowledged", "--no-table-headers", "--quiet")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) != 5 || !strings.HasPrefix(f[0], prefix) {
+				continue
+			}
+			var total, ready, unacked int
+			if _, err := fmt.Sscan(f[2]+" "+f[3]+" "+f[4], &total, &ready, &unacked); err != nil {
+				continue
+			}
+			if h := total - ready - unacked; h > 0 {
+				leader, held = f[1], held+h
+			}
+		}
+		return leader, held
+	}
+	return "", 0
 }
