@@ -2251,11 +2251,15 @@ func TestDurableMQWorksInsideAndAfterASynctestBubble(t *testing.T) {
 // has returned, and comes back byte for byte after a restart: through a
 // record shared by two durable queues, and alone in one.
 func TestConcurrentDurablePublishesKeepEveryByte(t *testing.T) {
-	const publishers, each = 16, 60
+	const publishers = 16
+	each := 60
+	if raceEnabled {
+		each = 20 // the race detector makes each 70 KB body cost milliseconds; every size and path still comes by
+	}
 	type key struct{ p, i int }
 	// payload is message i of publisher p: its Data, and what Encoded.Body
 	// must hold (JSONCodec's encoding, or an Encoded's own bytes).
-	payload := func(p, i int) (data any, body []byte) {
+	makePayload := func(p, i int) (data any, body []byte) {
 		n := (p*131 + i*71) % 700
 		if i%10 == 4 || i%20 == 7 { // through both exchanges
 			n = 70_000 + p // from 64 KiB: encoded in the log's batch
@@ -2274,12 +2278,26 @@ func TestConcurrentDurablePublishesKeepEveryByte(t *testing.T) {
 		default:
 			enc, err := json.Marshal(string(b))
 			require.NoError(t, err)
-			return tinymq.Encoded{Body: enc}, enc
+			return tinymq.Encoded{Body: enc}, append([]byte(nil), enc...) // a copy: compared apart from what was published
 		}
 		body, err := json.Marshal(data)
 		require.NoError(t, err)
 		return data, body
 	}
+	// Made once, before anything runs, and only read after: the checks
+	// compare each message three times.
+	type made struct {
+		data any
+		body []byte
+	}
+	payloads := make([][]made, publishers)
+	for p := range payloads {
+		payloads[p] = make([]made, each)
+		for i := range each {
+			payloads[p][i].data, payloads[p][i].body = makePayload(p, i)
+		}
+	}
+	payload := func(p, i int) (any, []byte) { return payloads[p][i].data, payloads[p][i].body }
 	exchangeOf := func(i int) string { return [2]string{"ev", "solo"}[i%2] }
 	type got struct {
 		queue string

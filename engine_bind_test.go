@@ -239,10 +239,22 @@ func TestEngineFreedWhenStartContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, first.Start(ctx))
 	cancel()
-	require.Eventually(t, func() bool { return first.Publish("ev", "x") != nil }, time.Second, time.Millisecond)
-	second := tinymq.New(tinymq.WithEngine(e))
+	// The stop that the context's end begins frees the engine once the
+	// engine's Shutdown returned, a moment after Publish starts failing: an
+	// MQ given the engine meanwhile is refused (and its Stop leaves the
+	// engine alone), so try until one is served.
+	var second *tinymq.MQ
+	require.Eventually(t, func() bool {
+		m := tinymq.New(tinymq.WithEngine(e))
+		if err := m.DeclareQueue("b", "ev", tinymq.Fanout); err != nil {
+			m.Stop()
+			return false
+		}
+		second = m
+		return true
+	}, 5*time.Second, time.Millisecond, "the engine is never freed")
 	defer second.Stop()
-	require.NoError(t, second.DeclareQueue("b", "ev", tinymq.Fanout))
+	require.Error(t, first.Publish("ev", "x"), "the first MQ stopped")
 }
 
 func TestEngineRefusedMQCalls(t *testing.T) {
