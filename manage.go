@@ -333,8 +333,6 @@ func (m *MQ) deleteLocked(q *queue, expired bool) *deletion {
 	})
 	q.scheduled = 0
 	q.gen++
-	q.idle.Store(0)
-	q.waking = 0
 	q.freeRoomLocked()
 	if q.inbound > 0 {
 		q.inboundGone = make(chan struct{})
@@ -555,11 +553,6 @@ func (m *MQ) setPaused(name string, paused bool) error {
 		if paused {
 			q.giveBackLocked(q.workers)
 		}
-		// Only a change broadcasts: the counts of parked and waking
-		// workers are zeroed for it alone. Zeroed without one, a worker
-		// still parked would never be signalled again.
-		q.idle.Store(0)
-		q.waking = 0
 	}
 	q.reportIfQuiescentLocked()
 	q.mu.Unlock()

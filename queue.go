@@ -59,8 +59,8 @@ type queue struct {
 	takes       uint64          // batches taken: the order in which entries given back return to buf
 	gen         uint32          // purges and deletes so far: a scheduler item of an older gen is gone
 	purgeGen    uint32          // gen right after the last purge: an item older than it was the purge's (see release)
-	idle        atomic.Int32    // workers parked in cond.Wait and not yet signalled; written under mu (see wakeThief)
-	waking      int             // workers signalled that have not taken the lock since (see wakeOneLocked)
+	idle        atomic.Int32    // workers in cond.Wait, or woken and not yet holding mu again; written under mu (see take, wakeThief)
+	waking      int             // wakes sent, or about to be, that no woken worker has taken mu for since (see wakeOneLocked)
 	busy        int             // workers holding a batch
 	scheduled   int             // messages waiting in the scheduler for a delay or a retry
 	stopping    bool            // the MQ is stopping: report when quiescent
@@ -372,11 +372,15 @@ func (q *queue) wakeOneLocked() bool {
 
 // wakeForLocked is wakeOneLocked for n entries that a parked worker could
 // take: in buf, or in a batch that it could steal from. q.mu is held.
+//
+// The counts need no reset when a Broadcast wakes every worker: each woken
+// worker takes itself out of idle, and one wake off waking, once it holds
+// q.mu again (see take). waking never exceeds idle, so while a wake is
+// counted, a worker is on its way back to the lock, and it looks at buf then.
 func (q *queue) wakeForLocked(n int) bool {
-	if q.idle.Load() == 0 || q.waking > 0 || n == 0 {
+	if n == 0 || q.waking > 0 || q.idle.Load() == 0 {
 		return false
 	}
-	q.idle.Add(-1)
 	q.waking++
 	return true
 }
@@ -620,8 +624,6 @@ func (q *queue) close() {
 	q.mu.Lock()
 	q.closed = true
 	q.shut.Store(true)
-	q.idle.Store(0)
-	q.waking = 0
 	q.mu.Unlock()
 	q.cond.Broadcast()
 }
@@ -647,8 +649,6 @@ func (q *queue) abort() (undelivered, running uint64) {
 	q.buf.clear()
 	q.groups, q.grouped = nil, 0 // entered counted the backlogs: undelivered below
 	q.scheduled = 0
-	q.idle.Store(0)
-	q.waking = 0
 	q.freeRoomLocked()
 	undelivered = q.entered - begun
 	q.abortLost = undelivered

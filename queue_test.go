@@ -2,7 +2,10 @@ package tinymq
 
 import (
 	"context"
+	"regexp"
+	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -258,5 +261,71 @@ func TestFifoPopRunEndsBeforeADeadline(t *testing.T) {
 	assert.Equal(t, 1, f.chunks(), "a drained fifo keeps one chunk")
 	for _, e := range f.head.entries {
 		assert.Zero(t, e, "popped slots are cleared so messages can be collected")
+	}
+}
+
+// A parked worker never leaves a message waiting, even after a wake that
+// found it awake or was meant for another: a topology change's Broadcast
+// reaches every parked worker (and a worker that parked while it was being
+// sent), and a Signal may be sent after its worker already woke. Counted as
+// still parked, such a worker would get the next wake while it is busy, and
+// that wake would be lost, and counted as under way for good.
+func TestParkedWorkerWakesAfterAStrayWake(t *testing.T) {
+	m := New()
+	require.NoError(t, m.DeclareQueue("q", "ev", Fanout))
+	entered := make(chan string, 4)
+	gate := make(chan struct{})
+	_, err := m.Consume("q", func(_ context.Context, msg *Msg) error {
+		entered <- msg.Data.(string)
+		if msg.Data == "blocks" {
+			<-gate
+		}
+		return nil
+	}, 1)
+	require.NoError(t, err)
+	require.NoError(t, m.Start(context.Background()))
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = m.Shutdown(ctx) // bounded: a message left waiting would hold a Stop
+	}()
+	m.mu.RLock()
+	q := m.queues["q"]
+	m.mu.RUnlock()
+
+	waitParked(t)
+	q.cond.Broadcast() // the stray wake: readies the worker before it returns
+	waitParked(t)      // it found nothing and parked again
+
+	require.NoError(t, m.Publish("ev", "blocks"))
+	require.Equal(t, "blocks", <-entered)
+	require.NoError(t, m.Publish("ev", "while busy")) // a wake for no parked worker
+	close(gate)
+	require.Equal(t, "while busy", <-entered)
+	waitParked(t)
+	require.NoError(t, m.Publish("ev", "to a parked worker"))
+	select {
+	case got := <-entered:
+		assert.Equal(t, "to a parked worker", got)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the message waits with its worker parked: %+v", m.Stats().Queues["q"])
+	}
+}
+
+var parkedWorker = regexp.MustCompile(`(?m)^goroutine \d+ \[sync\.Cond\.Wait[^\]]*\]:\n(?:.*\n){0,6}?\S*\(\*queue\)\.take\(`)
+
+// waitParked waits until a worker's goroutine is parked in take, waiting on
+// its queue's cond (every test here has one worker).
+func waitParked(t *testing.T) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if parkedWorker.Match(buf[:runtime.Stack(buf, true)]) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no worker parked")
+		}
+		runtime.Gosched()
 	}
 }

@@ -122,22 +122,14 @@ func (m *MQ) subscribeLocked(q *queue, c consumer, concurrency int) *Subscriptio
 	q.workers = append(slices.Clip(q.workers), s.workers...)
 	q.usedAt = time.Now().UnixNano()
 	wake := q.buf.n > 0 && m.state == stateRunning
-	if wake {
-		// The Broadcast below wakes every parked worker: none is parked or
-		// waking any more, as cancelLocked and setPaused say before theirs.
-		// Left as they were, idle would count each woken worker twice once
-		// it parked again, and a signal sent for a worker that is not
-		// parked would leave waking above 0 for good: every later enqueue
-		// would then wake no one, and a message wait with its workers
-		// parked.
-		q.idle.Store(0)
-		q.waking = 0
-	}
 	q.mu.Unlock()
 	if m.state == stateRunning {
 		m.startSub(s)
 		if wake {
-			q.cond.Broadcast() // nothing parked is one of s's yet; others may have been paused out
+			// Others may have been paused out. s's own workers, started
+			// above, may be among those it wakes: a woken worker leaves
+			// idle and waking right by itself (see take).
+			q.cond.Broadcast()
 		}
 	}
 	return s
@@ -241,6 +233,4 @@ func (q *queue) cancelLocked(s *Subscription) {
 		q.workers = slices.DeleteFunc(slices.Clone(q.workers), func(w *worker) bool { return w.sub == s })
 		close(s.done)
 	}
-	q.idle.Store(0)
-	q.waking = 0
 }

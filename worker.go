@@ -359,8 +359,14 @@ func (q *queue) take(w *worker) (entry, bool) {
 			return entry{}, false
 		}
 	park:
+		// The worker counts itself in idle until it holds q.mu again, so
+		// that idle counts exactly the workers that a Signal or a
+		// Broadcast could still reach or has reached: a wake that found
+		// this one awake (a topology change's Broadcast, a Signal sent
+		// before it parked) then leaves no count behind.
 		q.idle.Add(1)
 		q.cond.Wait()
+		q.idle.Add(-1)
 		if q.waking > 0 {
 			q.waking--
 		}

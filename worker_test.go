@@ -356,3 +356,72 @@ func TestSlowMessageDoesNotHoldItsBatch(t *testing.T) {
 	close(release)
 	m.Stop()
 }
+
+// Parked workers wake for every message that arrives, however the queue's
+// topology changed while they parked or were about to: a pause and resume, a
+// subscription that comes and goes, each of which wakes every parked worker
+// at once. A wake counted for a worker that was in fact awake would leave
+// the next message waiting with every worker parked.
+func TestParkedWorkersWakeAfterEveryTopologyChange(t *testing.T) {
+	rounds := 1000
+	if testing.Short() {
+		rounds = 100
+	}
+	m := tinymq.New(quiet())
+	var delivered atomic.Int64
+	count := func(context.Context, *tinymq.Msg) error {
+		delivered.Add(1)
+		return nil
+	}
+	require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout))
+	_, err := m.Consume("q", count, 2)
+	require.NoError(t, err)
+	require.NoError(t, m.Start(context.Background()))
+	defer stopWithin(t, m)
+
+	published := int64(0)
+	publish := func(n int) {
+		for range n {
+			require.NoError(t, m.Publish("ev", published))
+			published++
+		}
+	}
+	settled := func(round int, what string) {
+		t.Helper()
+		deadline := time.Now().Add(wait)
+		for delivered.Load() != published {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d, after %s: %d of %d messages delivered, the rest wait with the workers parked: %+v",
+					round, what, delivered.Load(), published, m.Stats().Queues["q"])
+			}
+			time.Sleep(50 * time.Microsecond) // polling a count, bounded by the deadline
+		}
+	}
+	var extra *tinymq.Subscription
+	for round := range rounds {
+		publish(8) // the workers are busy, and park as they run out
+		var what string
+		switch round % 4 {
+		case 0:
+			what = "a pause and resume"
+			require.NoError(t, m.PauseQueue("q"))
+			require.NoError(t, m.ResumeQueue("q"))
+		case 1:
+			what = "a subscription that came while messages waited"
+			extra, err = m.Consume("q", count, 2)
+			require.NoError(t, err)
+		case 2:
+			what = "a subscription that went"
+			require.NoError(t, extra.Cancel(context.Background()))
+		case 3:
+			what = "a purge"
+			n, err := m.PurgeQueue("q")
+			require.NoError(t, err)
+			published -= int64(n)
+		}
+		publish(3) // while the workers may still be busy: a wake for none of them
+		settled(round, what)
+		publish(1) // to workers that are all parked
+		settled(round, what+" and a single message")
+	}
+}
