@@ -525,7 +525,7 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 		}
 		taken++
 		if pc.delay > 0 && !evictedSelf(r.evicted, amsgs[i]) {
-			m.sched.add(schedItem{due: now.Add(pc.delay), q: q, m: amsgs[i], gen: gen})
+			q.later(schedItem{due: now.Add(pc.delay), q: q, m: amsgs[i], gen: gen})
 		}
 	}
 	if taken == 0 { // a dead letter, or a publish a Shutdown deadline aborted while it held the lock

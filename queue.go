@@ -606,8 +606,27 @@ func (q *queue) schedule(m *Msg, backoff time.Duration) (evicted, overflow *Msg,
 	q.entered++
 	gen := q.gen
 	q.mu.Unlock()
-	q.mq.sched.add(schedItem{due: time.Now().Add(backoff), q: q, m: m, gen: gen})
+	q.later(schedItem{due: time.Now().Add(backoff), q: q, m: m, gen: gen})
 	return evicted, nil, false, false
+}
+
+// later hands the scheduler it, the item of a message that q counted in
+// scheduled at generation it.gen, with q.mu released since. A purge, a
+// delete or an abort in between counted the message but could not find its
+// item: later then takes it back at once and settles it as release settles
+// an item the scheduler had taken (the purge's: its log record is
+// acknowledged and a retry's group goes on), not when its delay or backoff
+// ends, perhaps hours later, with its group held that long and the record
+// still in the log for a restart to bring back.
+func (q *queue) later(it schedItem) {
+	s := q.mq.sched
+	s.add(it)
+	q.mu.Lock()
+	stale := it.gen != q.gen || q.aborted
+	q.mu.Unlock()
+	if stale && s.remove(q, it.m) {
+		q.release(it.m, it.gen)
+	}
 }
 
 // stop marks the queue as stopping and wakes the publishers waiting for room,

@@ -329,3 +329,68 @@ func waitParked(t *testing.T) {
 		runtime.Gosched()
 	}
 }
+
+// A purge that comes after a retry was counted as scheduled, but before its
+// item reached the scheduler, cannot find the item; the item is then taken
+// back as it arrives and settled as purged at once: its group goes on, and
+// the scheduler keeps nothing of it, rather than holding the group (and the
+// message's log record) until its backoff ends, an hour later here.
+func TestRetryPurgedBeforeItReachedTheSchedulerReleasesItsGroupAtOnce(t *testing.T) {
+	m := New()
+	got := make(chan string, 4)
+	require.NoError(t, m.DeclareQueue("q", "ev", Fanout, WithGroupOrdering(),
+		WithRetry(RetryPolicy{MaxAttempts: 5, InitialBackoff: time.Hour})))
+	_, err := m.Consume("q", func(_ context.Context, msg *Msg) error {
+		if msg.Data == "fails" {
+			return assert.AnError
+		}
+		got <- msg.Data.(string)
+		return nil
+	}, 2)
+	require.NoError(t, err)
+	require.NoError(t, m.Start(context.Background()))
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = m.Shutdown(ctx)
+	}()
+	m.mu.RLock()
+	q := m.queues["q"]
+	m.mu.RUnlock()
+
+	require.NoError(t, m.Publish("ev", "fails", WithMessageGroup("g")))
+	require.Eventually(t, func() bool { return m.Stats().Queues["q"].Scheduled == 1 }, 10*time.Second, time.Millisecond)
+	// Put the retry back where schedule leaves it between its count and
+	// its item: counted, its item not in the scheduler yet.
+	var it schedItem
+	m.sched.mu.Lock()
+	for _, o := range m.sched.items {
+		if o.q == q && o.m != nil {
+			it = o
+		}
+	}
+	m.sched.mu.Unlock()
+	require.NotNil(t, it.m)
+	require.True(t, m.sched.remove(q, it.m))
+
+	n, err := m.PurgeQueue("q")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	q.later(it) // the item arrives after the purge
+
+	m.sched.mu.Lock()
+	for _, o := range m.sched.items {
+		assert.False(t, o.q == q && o.m != nil, "the purged retry is still in the scheduler")
+	}
+	m.sched.mu.Unlock()
+	require.NoError(t, m.Publish("ev", "next", WithMessageGroup("g")))
+	select {
+	case d := <-got:
+		assert.Equal(t, "next", d)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the group is still held by its purged retry: %+v", m.Stats().Queues["q"])
+	}
+	s := m.Stats().Queues["q"]
+	assert.Equal(t, uint64(1), s.Purged)
+	assert.Zero(t, s.Scheduled)
+}

@@ -113,6 +113,20 @@ func (s *scheduler) add(it schedItem) {
 	}
 }
 
+// remove forgets the item of message m in q, and reports whether it was
+// there: neither due and taken by run nor dropped by dropQueue.
+func (s *scheduler) remove(q *queue, m *Msg) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, it := range s.items {
+		if it.q == q && it.m == m {
+			heap.Remove(&s.items, i)
+			return true
+		}
+	}
+	return false
+}
+
 // dropQueue forgets every item of q, which Shutdown's deadline aborted or
 // a delete removed, or (msgs) only its messages, which a purge removed.
 //
