@@ -283,15 +283,7 @@ func TestParkedWorkerWakesAfterAStrayWake(t *testing.T) {
 		return nil
 	}, 1)
 	require.NoError(t, err)
-	require.NoError(t, m.Start(context.Background()))
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = m.Shutdown(ctx) // bounded: a message left waiting would hold a Stop
-	}()
-	m.mu.RLock()
-	q := m.queues["q"]
-	m.mu.RUnlock()
+	q := startQ(t, m)
 
 	waitParked(t)
 	q.cond.Broadcast() // the stray wake: readies the worker before it returns
@@ -348,15 +340,7 @@ func TestRetryPurgedBeforeItReachedTheSchedulerReleasesItsGroupAtOnce(t *testing
 		return nil
 	}, 2)
 	require.NoError(t, err)
-	require.NoError(t, m.Start(context.Background()))
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = m.Shutdown(ctx)
-	}()
-	m.mu.RLock()
-	q := m.queues["q"]
-	m.mu.RUnlock()
+	q := startQ(t, m)
 
 	require.NoError(t, m.Publish("ev", "fails", WithMessageGroup("g")))
 	require.Eventually(t, func() bool { return m.Stats().Queues["q"].Scheduled == 1 }, 10*time.Second, time.Millisecond)
@@ -393,4 +377,19 @@ func TestRetryPurgedBeforeItReachedTheSchedulerReleasesItsGroupAtOnce(t *testing
 	s := m.Stats().Queues["q"]
 	assert.Equal(t, uint64(1), s.Purged)
 	assert.Zero(t, s.Scheduled)
+}
+
+// startQ starts m, with a bounded Shutdown at the end of the test (a message
+// left waiting would hold a Stop), and returns its queue "q".
+func startQ(t *testing.T, m *MQ) *queue {
+	t.Helper()
+	require.NoError(t, m.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = m.Shutdown(ctx)
+	})
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.queues["q"]
 }
