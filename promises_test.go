@@ -55,6 +55,7 @@ var promises = []struct {
 	{"A slow message never holds back the ones taken with it in a batch while a worker is idle", []string{
 		"TestSlowMessageDoesNotHoldItsBatch", "TestBlockedBatchIsTakenByIdleWorkers",
 		"TestIdleWorkersWakeForMessagesThatArrive", "TestIdleWorkerStealsFromABatch",
+		"TestParkedWorkerWakesAfterAStrayWake", "TestParkedWorkersWakeAfterEveryTopologyChange",
 	}},
 	{"The sums of Stats() hold exactly once a queue is idle, and InFlight never exceeds the queue's concurrency", []string{
 		"TestStatsAreExactUnderConcurrentLoad", "TestStatsSnapshotsStayConsistentWhileMessagesMove",
@@ -136,6 +137,7 @@ var promises = []struct {
 	}},
 	{"PurgeQueue removes the waiting messages (ready, delayed, backing off), not those in a consumer, and returns how many", []string{
 		"TestPurgeQueueRemovesWhatWaitsNotWhatIsInAConsumer", "TestPurgeOrDeleteReleasesPublishersBlockedOnTheQueue",
+		"TestRetryPurgedBeforeItReachedTheSchedulerReleasesItsGroupAtOnce",
 	}},
 	{"Unbind removes that binding, and a missing binding is not an error; DeleteExchange removes an exchange and its bindings, the queues stay (IfUnused: ErrInUse while it has bindings)", []string{
 		"TestUnbindRemovesThatBindingOnly", "TestDeleteExchangeRemovesItAndItsBindings",
