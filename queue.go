@@ -86,18 +86,19 @@ type queue struct {
 	grouped  int                    // messages waiting in the groups' backlogs: they count as ready
 	groupSeq uint64                 // groups given a state so far
 
-	// The workers' counters below get a cache line of their own, away from
-	// the fields publishers write under mu.
+	// The counters below, which workers write as messages fail (c) and as
+	// they sample call durations (hist), get a cache line of their own,
+	// away from the fields publishers write under mu.
 	_     [64]byte
-	begun atomic.Uint64 // entries that left buf or a batch to be handled; abortBit once aborted
+	begun atomic.Uint64 // entries that left buf to be handled other than by a worker (which counts its own: worker.begun); abortBit once aborted
 	c     queueCounters
 	hist  histogram
 }
 
 // retiredCounts is what the workers that left a queue (their subscription
-// was cancelled, or the MQ stopped) delivered and saw succeed.
+// was cancelled, or the MQ stopped) began, delivered and saw succeed.
 type retiredCounts struct {
-	delivered, succeeded uint64
+	begun, delivered, succeeded uint64
 }
 
 type queueCounters struct {
@@ -662,7 +663,10 @@ func (q *queue) abort() (undelivered, running uint64) {
 		q.mu.Unlock()
 		return 0, 0
 	}
-	begun := q.begun.Or(abortBit) &^ abortBit
+	begun := q.begun.Or(abortBit)&^abortBit + q.left.begun
+	for _, w := range q.workers {
+		begun += w.begun.Or(abortBit) &^ abortBit
+	}
 	q.aborted, q.closed = true, true
 	q.shut.Store(true)
 	q.buf.clear()
@@ -719,10 +723,12 @@ func (q *queue) succeededLocked() uint64 {
 	return n
 }
 
-// begin counts an entry as taken to be handled; false once aborted. After
-// abort the count goes on rising, unread, below abortBit.
-func (q *queue) begin() bool {
-	return q.begun.Add(1)&abortBit == 0
+// begin counts an entry as taken by w to be handled; false once the queue
+// is aborted (abort sets abortBit in every worker's count under q.mu, and
+// adds them up). After abort the count goes on rising, unread, below
+// abortBit.
+func (w *worker) begin() bool {
+	return w.begun.Add(1)&abortBit == 0
 }
 
 // errAbortedUndelivered and errRemovedOnArrival are acceptReserved's

@@ -46,7 +46,7 @@ func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
 				return
 			}
 		}
-		if !q.begin() {
+		if !w.begin() {
 			w.drop() // aborted: abort counted the rest as undelivered
 			continue
 		}
@@ -280,9 +280,11 @@ type worker struct {
 	// QueueStats.OldestAge reads, under q.mu, that of the first unclaimed.
 	ats [maxBatch]int64
 
-	// What this worker handed to the consumer, and what succeeded: counted
-	// here rather than in q.c so that the workers of one queue do not fight
-	// over one cache line for every message (Stats adds them up).
+	// The entries this worker began to handle (see begin), what it handed
+	// to the consumer, and what succeeded: counted here rather than in the
+	// queue so that the workers of one queue do not fight over one cache
+	// line for every message (abort and Stats add them up).
+	begun                atomic.Uint64
 	delivered, succeeded atomic.Uint64
 	_                    [64]byte // nor share a line with the next worker
 }
@@ -381,6 +383,7 @@ func (q *queue) leaveLocked(w *worker) {
 	if i < 0 {
 		return
 	}
+	q.left.begun += w.begun.Load() &^ abortBit
 	q.left.delivered += w.delivered.Load()
 	q.left.succeeded += w.succeeded.Load()
 	q.workers = slices.Delete(slices.Clone(q.workers), i, i+1)
@@ -415,8 +418,13 @@ func (q *queue) refillLocked(w *worker) entry {
 	return e
 }
 
-// claim takes the next entry of w's own batch, without the lock.
+// claim takes the next entry of w's own batch, without the lock. A batch
+// found exhausted by a load costs no read-modify-write: thieves only move
+// next forward.
 func (w *worker) claim() (entry, bool) {
+	if int(w.next.Load()) >= w.n {
+		return entry{}, false
+	}
 	i := int(w.next.Add(1)) - 1
 	if i >= w.n {
 		return entry{}, false
