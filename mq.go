@@ -533,7 +533,9 @@ func (m *MQ) Stop() {
 // deadline. (The deadline's abort takes the MQ's write lock, so it waits for
 // a RegisterQueue, Bind or Start in progress, which may be opening a data
 // directory's log.) Workers still inside a consumer then return when the consumer
-// does; call Stop to wait for them. Consumer calls that [WithDeliveryTimeout]
+// does; call Stop to wait for them. A message that a worker had begun when
+// ctx ended counts as in a consumer, even if its consumer call begins just
+// after (with the consumers' context already cancelled). Consumer calls that [WithDeliveryTimeout]
 // abandoned are waited for like workers: if some still run when ctx ends,
 // Shutdown returns an error wrapping ctx.Err() that counts them (wrapping
 // ErrUndelivered only if messages were lost too), though their messages
@@ -637,7 +639,7 @@ func (m *MQ) abortAll() abortTally {
 		q.mu.Unlock()
 	}
 	for _, q := range m.deleted { // a deleted queue's deliveries still in flight
-		total.inConsumers += q.inFlight()
+		total.inConsumers += q.inHand()
 	}
 	return total
 }

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1051,4 +1054,52 @@ func TestHealthSaysWhetherTheMQIsReady(t *testing.T) {
 	assert.ErrorIs(t, m.Health(), tinymq.ErrLog, "a failed log makes the MQ unready")
 	m.Stop()
 	assert.ErrorIs(t, m.Health(), tinymq.ErrStopped)
+}
+
+// A Shutdown whose deadline has passed counts each accepted message once:
+// either no worker had begun it (never reached a consumer) or a worker had
+// (in a consumer), even when the deadline falls between the worker's begin
+// and its call of the consumer; it returns at once, without waiting for a
+// consumer that ignores its context.
+func TestShutdownDeadlineCountsAMessageBegunJustBeforeIt(t *testing.T) {
+	counts := regexp.MustCompile(`(\d+) never reached a consumer, (\d+) were in consumers`)
+	rounds := 200
+	if testing.Short() {
+		rounds = 50
+	}
+	for round := range rounds {
+		release := make(chan struct{})
+		m := tinymq.New()
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			<-release // ignores its context
+			return nil
+		}, 1, tinymq.WithQueueName("q")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", round))
+		for range rand.IntN(64) { // let the deadline fall anywhere around the worker's begin
+			runtime.Gosched()
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		res := make(chan error, 1)
+		go func() { res <- m.Shutdown(ctx) }()
+		var err error
+		select {
+		case err = <-res:
+		case <-time.After(10 * time.Second):
+			close(release)
+			<-res
+			t.Fatalf("round %d: Shutdown waited past its deadline for a consumer that ignores its context", round)
+		}
+		close(release)
+		m.Stop()
+		require.ErrorIs(t, err, tinymq.ErrUndelivered, "round %d: the message cannot have ended before the deadline", round)
+		c := counts.FindStringSubmatch(err.Error())
+		require.NotNil(t, c, "round %d: %v", round, err)
+		never, _ := strconv.Atoi(c[1])
+		in, _ := strconv.Atoi(c[2])
+		require.Equal(t, 1, never+in, "round %d: the one message counted once: %v", round, err)
+		st := m.Stats().Queues["q"]
+		require.Equal(t, st.Accepted, st.Succeeded+st.Undelivered, "round %d: %+v", round, st)
+	}
 }

@@ -98,7 +98,7 @@ type queue struct {
 // retiredCounts is what the workers that left a queue (their subscription
 // was cancelled, or the MQ stopped) began, delivered and saw succeed.
 type retiredCounts struct {
-	begun, delivered, succeeded uint64
+	begun, delivered, succeeded, skipped uint64
 }
 
 type queueCounters struct {
@@ -652,8 +652,10 @@ func (q *queue) close() {
 // buf, in batches, and in the scheduler. It returns how many entries will
 // never reach the consumer (inbound publishes included, which acceptReserved
 // counts as undelivered when they come; one whose log write then fails is
-// not accepted, and so counted here only), and how many messages are in the
-// consumer now.
+// not accepted, and so counted here only), and how many messages workers
+// began and have not finished with: in the consumer, or about to enter it
+// (a worker that began a message just before the abort calls its consumer
+// after it, with its context cancelled).
 // The abort bit is set under q.mu, so that an eviction or expiry (which
 // count as begun under q.mu) is counted either as begun or as undelivered,
 // never both.
@@ -676,7 +678,7 @@ func (q *queue) abort() (undelivered, running uint64) {
 	undelivered = q.entered - begun
 	q.abortLost = undelivered
 	inbound := uint64(q.inbound) // acceptReserved counts them when they come
-	running = q.inFlightLocked()
+	running = q.inHandLocked()   // no worker can begin any more
 	q.mu.Unlock()
 	q.cond.Broadcast()
 	q.mq.sched.dropQueue(q, false)
@@ -684,18 +686,42 @@ func (q *queue) abort() (undelivered, running uint64) {
 	return undelivered + inbound, running
 }
 
-// inFlight is how many messages are in the consumer now.
+// inHandLocked is how many messages the workers began and have not
+// finished with: in the consumer, or about to enter it. Stopping counts
+// these, not inFlight's deliveries, so that a message begun and not yet
+// counted as delivered is not missed. q.mu is held.
+//
+// Each worker's begins are read before its ends, and the failures (counted
+// per queue) last. Once no worker can begin any more (abort has set the
+// bit), the ends read are those of messages whose begins were read, and
+// the count is exact; while workers still begin, a message begun and ended
+// during the reads can be missed.
+func (q *queue) inHandLocked() uint64 {
+	n := q.left.begun - q.left.skipped - q.left.succeeded
+	for _, w := range q.workers {
+		n += w.begun.Load()&^abortBit - w.skipped.Load() - w.succeeded.Load()
+	}
+	// Unsigned: a term above may wrap, the sum does not (every failure
+	// was a begun message).
+	if failed := q.c.failed.Load(); n > failed {
+		return n - failed
+	}
+	return 0
+}
+
+// inHand is inHandLocked, taking q.mu.
+func (q *queue) inHand() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.inHandLocked()
+}
+
+// inFlightLocked is how many messages are in the consumer now (Stats'
+// InFlight). q.mu is held.
 //
 // Deliveries are read first: a message counted as done was counted as
 // delivered before, so what moves during the reads can make the result
 // smaller than the truth, never larger than the workers.
-func (q *queue) inFlight() uint64 {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.inFlightLocked()
-}
-
-// inFlightLocked is inFlight with q.mu held.
 func (q *queue) inFlightLocked() uint64 {
 	d := q.deliveredLocked()
 	if done := q.succeededLocked() + q.c.failed.Load(); d > done {

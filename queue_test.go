@@ -393,3 +393,34 @@ func startQ(t *testing.T, m *MQ) *queue {
 	defer m.mu.RUnlock()
 	return m.queues["q"]
 }
+
+// A message that a worker has begun but not yet handed to its consumer is in
+// the worker's hands when the queue is aborted: the abort counts it as in a
+// consumer, not as lost and not as nothing (a Shutdown that counted nothing
+// waited, past its deadline, for a consumer call that had yet to begin).
+func TestAbortCountsAMessageBegunButNotYetDeliveredAsInHand(t *testing.T) {
+	m := New()
+	require.NoError(t, m.RegisterQueue("ex", Fanout, func(context.Context, *Msg) error { return nil }, 1, WithQueueName("q")))
+	require.NoError(t, m.Publish("ex", "x")) // before Start: it waits in buf
+	q := m.queues["q"]
+	w := q.workers[0]
+
+	// What a worker does up to the moment before it counts the delivery.
+	q.mu.Lock()
+	e := q.refillLocked(w)
+	q.mu.Unlock()
+	require.True(t, w.begin())
+	require.NotNil(t, e.msg(q.name))
+
+	undelivered, running := q.abort()
+	assert.Zero(t, undelivered, "the message was begun")
+	assert.Equal(t, uint64(1), running, "the begun message is in the worker's hands")
+
+	// A skipped message (expired, or unreadable) ends its begin without a
+	// delivery: it is no longer in hand.
+	w.skipped.Add(1)
+	q.mu.Lock()
+	assert.Zero(t, q.inHandLocked())
+	q.mu.Unlock()
+	assert.False(t, w.begin(), "no worker begins after the abort")
+}

@@ -72,10 +72,12 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry, abandoned *boo
 			q.c.expired.Add(1)
 			q.deadLetter(m, ReasonExpired, m.lastErr())
 			q.groupEnd(m)
+			w.skipped.Add(1)
 			return
 		}
 		if !q.load(m) {
 			q.groupEnd(m)
+			w.skipped.Add(1)
 			return
 		}
 		m.Attempt++
@@ -286,7 +288,8 @@ type worker struct {
 	// line for every message (abort and Stats add them up).
 	begun                atomic.Uint64
 	delivered, succeeded atomic.Uint64
-	_                    [64]byte // nor share a line with the next worker
+	skipped              atomic.Uint64 // begun, then not delivered: expired, or its log read failed
+	_                    [64]byte      // nor share a line with the next worker
 }
 
 // wakeThief makes sure a worker is awake to steal the entries left in w's
@@ -384,6 +387,7 @@ func (q *queue) leaveLocked(w *worker) {
 		return
 	}
 	q.left.begun += w.begun.Load() &^ abortBit
+	q.left.skipped += w.skipped.Load()
 	q.left.delivered += w.delivered.Load()
 	q.left.succeeded += w.succeeded.Load()
 	q.workers = slices.Delete(slices.Clone(q.workers), i, i+1)
