@@ -535,11 +535,11 @@ func (m *MQ) Stop() {
 // directory's log.) Workers still inside a consumer then return when the consumer
 // does; call Stop to wait for them. A message that a worker had begun when
 // ctx ended counts as in a consumer, even if its consumer call begins just
-// after (with the consumers' context already cancelled). Consumer calls that [WithDeliveryTimeout]
-// abandoned are waited for like workers: if some still run when ctx ends,
-// Shutdown returns an error wrapping ctx.Err() that counts them (wrapping
-// ErrUndelivered only if messages were lost too), though their messages
-// were settled at their deadlines. If nothing was lost (nothing waited, no
+// after (with the consumers' context already cancelled). Consumer calls that
+// [WithDeliveryTimeout] abandoned are waited for like workers: if some still
+// run when ctx ends, Shutdown returns an error wrapping ctx.Err() that counts
+// them (wrapping ErrUndelivered only if messages were lost too), though their
+// messages were settled at their deadlines. If nothing was lost (nothing waited, no
 // consumer was running and no abandoned call), Shutdown returns nil even
 // when ctx had ended.
 // Shutdown before Start drops what was published and returns an error
