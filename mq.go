@@ -539,9 +539,9 @@ func (m *MQ) Stop() {
 // [WithDeliveryTimeout] abandoned are waited for like workers: if some still
 // run when ctx ends, Shutdown returns an error wrapping ctx.Err() that counts
 // them (wrapping ErrUndelivered only if messages were lost too), though their
-// messages were settled at their deadlines. If nothing was lost (nothing waited, no
-// consumer was running and no abandoned call), Shutdown returns nil even
-// when ctx had ended.
+// messages were settled at their deadlines. If nothing was lost (nothing
+// waited, no consumer was running and no abandoned call), Shutdown returns
+// nil even when ctx had ended.
 // Shutdown before Start drops what was published and returns an error
 // wrapping ErrUndelivered if that was anything. Called from a consumer, it
 // begins the stop and returns [ErrCalledFromConsumer] at once. A nil ctx is

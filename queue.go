@@ -697,16 +697,13 @@ func (q *queue) abort() (undelivered, running uint64) {
 // the count is exact; while workers still begin, a message begun and ended
 // during the reads can be missed.
 func (q *queue) inHandLocked() uint64 {
-	n := q.left.begun - q.left.skipped - q.left.succeeded
+	// Signed: while workers still begin, an end read after its begin was
+	// missed makes a term negative.
+	n := int64(q.left.begun - q.left.skipped - q.left.succeeded)
 	for _, w := range q.workers {
-		n += w.begun.Load()&^abortBit - w.skipped.Load() - w.succeeded.Load()
+		n += int64(w.begun.Load()&^abortBit) - int64(w.skipped.Load()) - int64(w.succeeded.Load())
 	}
-	// Unsigned: a term above may wrap, the sum does not (every failure
-	// was a begun message).
-	if failed := q.c.failed.Load(); n > failed {
-		return n - failed
-	}
-	return 0
+	return uint64(max(n-int64(q.c.failed.Load()), 0))
 }
 
 // inHand is inHandLocked, taking q.mu.

@@ -117,11 +117,6 @@ func (m *MQ) subscribeLocked(q *queue, c consumer, concurrency int) *Subscriptio
 		s.workers[i] = &worker{q: q, sub: s, c: c}
 	}
 	q.mu.Lock()
-	if q.aborted { // not while the MQ runs; kept exact all the same (see abort)
-		for _, w := range s.workers {
-			w.begun.Store(abortBit)
-		}
-	}
 	q.subs = append(slices.Clip(q.subs), s)
 	q.active += concurrency
 	q.workers = append(slices.Clip(q.workers), s.workers...)
