@@ -212,6 +212,10 @@ func (m *MQ) expireQueue(q *queue) {
 		q.armQueueExpiry()
 		return
 	}
+	// Settling (see MQ.settling) under the MQ's lock, which abortAll takes:
+	// the delete's messages reach their end, and it is logged after.
+	m.settling.Add(1)
+	defer m.settling.Add(-1)
 	d := m.deleteLocked(q, true)
 	m.unlock()
 	n, err := d.finish()

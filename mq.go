@@ -156,6 +156,12 @@ type MQ struct {
 	abortOnce sync.Once
 	aborted   chan struct{} // closed when Shutdown's deadline passed
 	lost      abortTally    // what the abort dropped, set before aborted is closed
+	// settling counts the MQ's goroutines in user code (a logger, a
+	// dead-letter exchange's filter or codec) for messages that have
+	// reached their end: a worker settling a failure, the drain logging
+	// what it stranded. The stop waits for them; Shutdown's deadline does
+	// not (see abortAll).
+	settling atomic.Int64
 
 	deadLetters deadLetterRing
 
@@ -170,6 +176,7 @@ type abortTally struct {
 	undelivered uint64 // accepted messages that never reached a consumer
 	inConsumers uint64 // messages in a consumer when the deadline passed
 	abandoned   uint64 // calls that outlived WithDeliveryTimeout, still running
+	settling    uint64 // the MQ's goroutines in user code after their messages' end
 }
 
 // New returns an MQ with no exchanges. Publishing is possible at once; delivery
@@ -539,9 +546,12 @@ func (m *MQ) Stop() {
 // [WithDeliveryTimeout] abandoned are waited for like workers: if some still
 // run when ctx ends, Shutdown returns an error wrapping ctx.Err() that counts
 // them (wrapping ErrUndelivered only if messages were lost too), though their
-// messages were settled at their deadlines. If nothing was lost (nothing
-// waited, no consumer was running and no abandoned call), Shutdown returns
-// nil even when ctx had ended.
+// messages were settled at their deadlines; so are the MQ's own goroutines
+// still in user code (a logger, a dead-letter filter or codec) for a message
+// that had reached its end: a blocked logger never holds Shutdown past its
+// deadline. If nothing was lost (nothing waited, no consumer was running, no
+// abandoned call and no such goroutine), Shutdown returns nil even when ctx
+// had ended.
 // Shutdown before Start drops what was published and returns an error
 // wrapping ErrUndelivered if that was anything. Called from a consumer, it
 // begins the stop and returns [ErrCalledFromConsumer] at once. A nil ctx is
@@ -612,13 +622,14 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 		return m.stopErr
 	}
 	if m.lost.undelivered == 0 && m.lost.inConsumers == 0 {
-		// Only abandoned calls (WithDeliveryTimeout) still run: their
-		// messages have reached their end, but their goroutines have not.
-		return fmt.Errorf("tinymq: %d consumer calls abandoned after their delivery timeout still run: %w",
-			m.lost.abandoned, ctx.Err())
+		// Every message has reached its end, but some goroutines have not:
+		// abandoned calls (WithDeliveryTimeout), or the MQ's own in user
+		// code after a message's end.
+		return fmt.Errorf("tinymq: %d consumer calls abandoned after their delivery timeout still run, %d of the MQ's goroutines still run a logger, filter or codec: %w",
+			m.lost.abandoned, m.lost.settling, ctx.Err())
 	}
-	return fmt.Errorf("%w: %d never reached a consumer, %d were in consumers, %d abandoned calls still run: %w",
-		ErrUndelivered, m.lost.undelivered, m.lost.inConsumers, m.lost.abandoned, ctx.Err())
+	return fmt.Errorf("%w: %d never reached a consumer, %d were in consumers, %d abandoned calls still run, %d of the MQ's goroutines still run a logger, filter or codec: %w",
+		ErrUndelivered, m.lost.undelivered, m.lost.inConsumers, m.lost.abandoned, m.lost.settling, ctx.Err())
 }
 
 // abortAll aborts every queue and returns what was lost. It holds the write
@@ -641,6 +652,12 @@ func (m *MQ) abortAll() abortTally {
 	for _, q := range m.deleted { // a deleted queue's deliveries still in flight
 		total.inConsumers += q.inHand()
 	}
+	// Read last: a worker counts itself settling before its message's end
+	// (see queue.settle), and the drain before it strands a queue's
+	// messages, so that each message either was counted above or its
+	// goroutine is counted here. Once the deadline has passed, waiting for
+	// the stop would wait for that user code, which may block for good.
+	total.settling = uint64(max(m.settling.Load(), 0))
 	return total
 }
 
@@ -714,6 +731,7 @@ wait:
 					return append(a, slog.String("queue", q.name), slog.Int("count", n))
 				})
 			}
+			m.settling.Add(-1) // counted by strand
 		}
 	}
 	// A queue that lost messages to an abort was aborted before it could

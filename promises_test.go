@@ -97,6 +97,9 @@ var promises = []struct {
 		"TestReentrancy", "TestStopAndShutdownFromATypedConsumerReturnAtOnce",
 		"TestCodecPublishingDuringAnIDReservationDoesNotFreeze", "TestConcurrentRegistrationPublishingAndStats",
 	}},
+	{"A logger that blocks holds the goroutine that logs, never Shutdown's return: past its deadline Shutdown returns an error wrapping ctx.Err() that counts the MQ's goroutines still in a logger, filter or codec", []string{
+		"TestReentrancy",
+	}},
 	{"Inputs that could never work are refused at the call that made them, with a sentinel error; durations past the year 2262 saturate", []string{
 		"TestBadInputNeverPanics", "TestBadInputGetsSentinelErrors", "TestDeliveryOptionValidation",
 		"TestHeadersBoundedInExpandedSize", "TestHugeDurationsSaturate", "TestFailedRegistrationChangesNothing",

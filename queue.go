@@ -74,6 +74,7 @@ type queue struct {
 	reserved    int             // room held for publishes between reserve and acceptReserved
 	inbound     int             // admitted publishes writing to the log without the MQ's lock: not quiescent
 	abortLost   uint64          // what abort counted as undelivered, for drain to log
+	abortBegun  uint64          // the workers' begins (q.left's included) that abort read, setting abortBit
 	left        retiredCounts   // what the workers that left counted
 	inboundGone chan struct{}   // closed when a deleted queue's last inbound publish arrived (see DeleteQueue)
 	abandoned   int             // calls that outlived WithDeliveryTimeout and still run, their slots given to new goroutines
@@ -466,6 +467,11 @@ func (q *queue) expireHead() {
 		dead = append(dead, e.msg(q.name)) // a restored one is read by deadLetter, without the lock
 	}
 	if len(dead) > 0 {
+		// Settling (see MQ.settling) before the lock is released: the
+		// expired messages have reached their end for a Shutdown deadline,
+		// and dead-lettering them runs user code.
+		q.mq.settling.Add(1)
+		defer q.mq.settling.Add(-1)
 		q.freeRoomLocked()
 		// The expiry may have taken what a stopping MQ was waiting for,
 		// from under a worker that was woken for it and will find nothing
@@ -516,6 +522,8 @@ func (q *queue) parkedLocked() bool {
 // that would reach it later (a dead letter that expired out of another
 // parked queue, whose head the scheduler still watches) is refused, and
 // counted where it died, rather than left in a queue already counted.
+// When it returns more than 0, it has counted the caller, which logs them, in
+// the MQ's settling (see MQ.settling), under q.mu: the caller takes it off.
 func (q *queue) strand() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -535,6 +543,9 @@ func (q *queue) strand() int {
 		q.gen++ // the scheduler's items are gone: see release
 	}
 	q.c.undelivered.Add(uint64(n))
+	if n > 0 {
+		q.mq.settling.Add(1) // the drain logs them: see MQ.settling
+	}
 	return n
 }
 
@@ -665,11 +676,13 @@ func (q *queue) abort() (undelivered, running uint64) {
 		q.mu.Unlock()
 		return 0, 0
 	}
-	begun := q.begun.Or(abortBit)&^abortBit + q.left.begun
+	workers := q.left.begun
 	for _, w := range q.workers {
-		begun += w.begun.Or(abortBit) &^ abortBit
+		workers += w.begun.Or(abortBit) &^ abortBit
 	}
+	begun := q.begun.Or(abortBit)&^abortBit + workers
 	q.aborted, q.closed = true, true
+	q.abortBegun = workers
 	q.shut.Store(true)
 	q.buf.clear()
 	q.groups, q.grouped = nil, 0 // entered counted the backlogs: undelivered below
@@ -691,19 +704,28 @@ func (q *queue) abort() (undelivered, running uint64) {
 // these, not inFlight's deliveries, so that a message begun and not yet
 // counted as delivered is not missed. q.mu is held.
 //
-// Each worker's begins are read before its ends, and the failures (counted
-// per queue) last. Once no worker can begin any more (abort has set the
-// bit), the ends read are those of messages whose begins were read, and
-// the count is exact; while workers still begin, a message begun and ended
-// during the reads can be missed.
+// The begins are read before the ends, and the failures (counted per
+// queue) last. Once the queue is aborted, the begins are those abort read
+// as it set abortBit: a worker's count goes on rising after that, by
+// begins that were refused, so it is not read again. The ends read are
+// then those of messages whose begins were counted, and the result is
+// exact; while workers still begin, a message begun and ended during the
+// reads can be missed.
 func (q *queue) inHandLocked() uint64 {
-	// Signed: while workers still begin, an end read after its begin was
-	// missed makes a term negative.
-	n := int64(q.left.begun - q.left.skipped - q.left.succeeded)
-	for _, w := range q.workers {
-		n += int64(w.begun.Load()&^abortBit) - int64(w.skipped.Load()) - int64(w.succeeded.Load())
+	begun := q.abortBegun
+	if !q.aborted {
+		begun = q.left.begun
+		for _, w := range q.workers {
+			begun += w.begun.Load() &^ abortBit
+		}
 	}
-	return uint64(max(n-int64(q.c.failed.Load()), 0))
+	ended := q.left.skipped + q.left.succeeded
+	for _, w := range q.workers {
+		ended += w.skipped.Load() + w.succeeded.Load()
+	}
+	// Signed: while workers still begin, an end read after its begin was
+	// missed can make the difference negative.
+	return uint64(max(int64(begun)-int64(ended)-int64(q.c.failed.Load()), 0))
 }
 
 // inHand is inHandLocked, taking q.mu.

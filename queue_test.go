@@ -416,11 +416,17 @@ func TestAbortCountsAMessageBegunButNotYetDeliveredAsInHand(t *testing.T) {
 	assert.Zero(t, undelivered, "the message was begun")
 	assert.Equal(t, uint64(1), running, "the begun message is in the worker's hands")
 
+	// A begin the abort refuses still raises the worker's count: it is
+	// not a message in hand.
+	assert.False(t, w.begin(), "no worker begins after the abort")
+	q.mu.Lock()
+	assert.Equal(t, uint64(1), q.inHandLocked(), "a refused begin is not in hand")
+	q.mu.Unlock()
+
 	// A skipped message (expired, or unreadable) ends its begin without a
 	// delivery: it is no longer in hand.
 	w.skipped.Add(1)
 	q.mu.Lock()
 	assert.Zero(t, q.inHandLocked())
 	q.mu.Unlock()
-	assert.False(t, w.begin(), "no worker begins after the abort")
 }

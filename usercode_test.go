@@ -665,6 +665,66 @@ var scenarios = map[string]func(t *testing.T){
 		assert.ErrorIs(t, err, tinymq.ErrUndelivered)
 		assert.Less(t, time.Since(start), 5*time.Second, "Shutdown returned near its deadline")
 	},
+	// Each message below has reached its end when the deadline passes, and
+	// the MQ's goroutine that ended it is stuck in the logger: the stop
+	// cannot complete, and Shutdown says so at its deadline, not later.
+	"logger blocks after a failed message's end: Shutdown keeps its deadline": func(t *testing.T) {
+		h := gateHandler{entered: make(chan struct{}, 1), block: make(chan struct{})} // never opened
+		m := tinymq.New(tinymq.WithLogger(slog.New(h)))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		recv(t, h.entered, 1) // the worker logs the drop
+		shutdownKeepsItsDeadline(t, m)
+		st := m.Stats().Queues["q"]
+		assert.Equal(t, uint64(1), st.Failed)
+		assert.Zero(t, st.Undelivered)
+	},
+	"logger blocks on an expired message's drop: Shutdown keeps its deadline": func(t *testing.T) {
+		h := gateHandler{entered: make(chan struct{}, 1), block: make(chan struct{})}
+		m := tinymq.New(tinymq.WithLogger(slog.New(h)))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q"),
+			tinymq.WithMessageTTL(time.Millisecond)))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.PauseQueue("q"))
+		require.NoError(t, m.Publish("ev", 1))
+		recv(t, h.entered, 1) // the scheduler expires the head and logs its drop
+		shutdownKeepsItsDeadline(t, m)
+		assert.Equal(t, uint64(1), m.Stats().Queues["q"].Expired)
+	},
+	"logger blocks on an expired queue's delete: Shutdown keeps its deadline": func(t *testing.T) {
+		h := gateHandler{entered: make(chan struct{}, 1), block: make(chan struct{})}
+		m := tinymq.New(tinymq.WithLogger(slog.New(h)))
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithQueueExpiry(time.Millisecond)))
+		require.NoError(t, m.Publish("ev", 1))
+		require.NoError(t, m.Start(context.Background()))
+		recv(t, h.entered, 1) // the scheduler deletes the unused queue and logs it
+		shutdownKeepsItsDeadline(t, m)
+		assert.Equal(t, uint64(1), m.Stats().Deleted.Removed)
+	},
+	"logger blocks on the stop's own log line: Shutdown keeps its deadline": func(t *testing.T) {
+		h := gateHandler{entered: make(chan struct{}, 1), block: make(chan struct{})}
+		m := tinymq.New(tinymq.WithLogger(slog.New(h)))
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, failing, 1, tinymq.WithQueueName("q")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.PauseQueue("q"))
+		require.NoError(t, m.Publish("ev", 1)) // stays in the paused queue: the stop logs it
+		ctx, cancel := context.WithCancel(context.Background())
+		res := make(chan error, 1)
+		go func() { res <- m.Shutdown(ctx) }()
+		recv(t, h.entered, 1)
+		cancel()
+		select {
+		case err := <-res:
+			require.Error(t, err)
+			assert.NotErrorIs(t, err, tinymq.ErrUndelivered, "the stop counted the message (undelivered) before the deadline")
+			assert.ErrorIs(t, err, context.Canceled)
+			assert.Contains(t, err.Error(), "1 of the MQ's goroutines still run a logger")
+		case <-time.After(5 * time.Second):
+			t.Fatal("Shutdown waited past its deadline for a blocked logger")
+		}
+		assert.Equal(t, uint64(1), m.Stats().Queues["q"].Undelivered)
+	},
 	"logger calls runtime.Goexit": func(t *testing.T) {
 		h := &callbackHandler{fn: runtime.Goexit}
 		m := tinymq.New(tinymq.WithLogger(slog.New(h)))
@@ -1240,6 +1300,45 @@ func (h blockHandler) Handle(context.Context, slog.Record) error { <-h.block; re
 func (h blockHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 
 func (h blockHandler) WithGroup(string) slog.Handler { return h }
+
+// gateHandler reports each log line on entered (if there is room) and then
+// blocks until block is closed.
+type gateHandler struct{ entered, block chan struct{} }
+
+func (gateHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h gateHandler) Handle(context.Context, slog.Record) error {
+	select {
+	case h.entered <- struct{}{}:
+	default:
+	}
+	<-h.block
+	return nil
+}
+
+func (h gateHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+
+func (h gateHandler) WithGroup(string) slog.Handler { return h }
+
+// shutdownKeepsItsDeadline runs a Shutdown of m with a deadline that ends
+// while one of the MQ's goroutines is stuck in user code after its message's
+// end, and checks that it returns at its deadline with an error that says so.
+func shutdownKeepsItsDeadline(t *testing.T, m *tinymq.MQ) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	res := make(chan error, 1)
+	go func() { res <- m.Shutdown(ctx) }()
+	select {
+	case err := <-res:
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, tinymq.ErrUndelivered, "no message was lost")
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Contains(t, err.Error(), "1 of the MQ's goroutines still run a logger")
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown waited past its deadline for a blocked logger")
+	}
+}
 
 type callbackHandler struct{ fn func() }
 

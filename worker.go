@@ -184,8 +184,12 @@ var freezer = guard.Freezer[*PanicError]{TypedNil: ErrTypedNil, Permanent: ErrPe
 
 // settle counts a failed delivery of m (err is not nil; deliver counts the
 // successes) and decides what follows: a retry, or a dead letter. Unless m
-// waits for a retry, its group (WithGroupOrdering) goes on.
+// waits for a retry, its group (WithGroupOrdering) goes on. It counts itself
+// in the MQ's settling before the failure, which is m's end for a Shutdown
+// deadline: the logger, filters and codecs it calls after that may block.
 func (q *queue) settle(m *Msg, err error) {
+	q.mq.settling.Add(1)
+	defer q.mq.settling.Add(-1)
 	if !q.fail(m, err) {
 		q.groupEnd(m)
 	}
