@@ -223,15 +223,22 @@ func (s *subscription) cancelLocked() bool {
 // consumer until ctx ends, returning ctx's error then: they finish and are
 // settled in the background, on the channel, which closes after them. It is
 // idempotent: a second Cancel waits as the first does. Called from a
-// consumer (or anything else the engine runs) it returns nil without
-// waiting, since it could be waiting for itself. A cancelled subscription
-// never consumes again, after a reconnect included. After Shutdown it
-// returns once the subscription's workers have.
+// consumer it does not wait for the deliveries in the consumers, since it
+// could be waiting for itself, only (until ctx ends) for the broker's
+// basic.cancel-ok, so that a message published after it returns goes to
+// the queue's other consumers and not, nacked, behind them; called from
+// anything else the engine runs (the logger) it returns nil without
+// waiting. A cancelled subscription never consumes again, after a
+// reconnect included. After Shutdown it returns once the subscription's
+// workers have.
 func (s *subscription) Cancel(ctx context.Context) error {
 	q, e := s.q, s.q.e
 	q.mu.Lock()
 	s.cancelLocked()
 	q.mu.Unlock()
+	if e.workers.Mine() {
+		return s.awaitUnhooked(ctx)
+	}
 	if e.own.Mine() {
 		return nil
 	}
@@ -245,6 +252,30 @@ func (s *subscription) Cancel(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// awaitUnhooked waits, for a Cancel from a consumer, until the broker no
+// longer delivers to s (its manager had the consumer's basic.cancel-ok, the
+// channel ended, or the manager returned), or until ctx ends. The manager
+// does that before it waits for the workers, and bounds its calls on the
+// channel (callBounded), so that a worker can wait for it.
+func (s *subscription) awaitUnhooked(ctx context.Context) error {
+	q := s.q
+	for {
+		q.mu.Lock()
+		consuming, changed := s.consuming, q.changed
+		q.mu.Unlock()
+		if !consuming {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-s.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 
@@ -604,8 +635,10 @@ func (s *subscription) next() (d amqp091.Delivery, handle, ok bool) {
 func (s *subscription) work(ctx context.Context) {
 	e := s.q.e
 	id := e.own.Enter()
+	e.workers.Enter()
 	returned := false
 	defer func() {
+		e.workers.Leave(id)
 		e.own.Leave(id)
 		if !returned {
 			// Neither count has reached 0: this goroutine has not called Done.

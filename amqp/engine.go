@@ -190,6 +190,11 @@ type engine struct {
 	// own holds the goroutines that run user code (consumers, the logger),
 	// so that a Stop they call does not wait for themselves.
 	own guard.Owned
+	// workers holds the subscriptions' workers, a part of own: a Cancel
+	// from one of them waits for the broker to stop delivering (see
+	// subscription.Cancel), which a manager calling back through the
+	// logger could not.
+	workers guard.Owned
 
 	// helpers records the helper queues declared, for their lease (wait.go).
 	helpers helpers

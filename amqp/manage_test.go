@@ -233,6 +233,46 @@ func TestCancelHandsPrefetchedMessagesBack(t *testing.T) {
 	}
 }
 
+// TestCancelFromItsOwnConsumerStopsTheBrokersDeliveries: a Cancel from the
+// subscription's own consumer returns once the broker no longer lists the
+// consumer (not waiting for the delivery it is called from), so that what is
+// published after it goes to the queue's other consumers, not to this one,
+// which would hand it back behind them.
+func TestCancelFromItsOwnConsumerStopsTheBrokersDeliveries(t *testing.T) {
+	n := uniq(t)
+	m := newMQ(t)
+	require.NoError(t, m.DeclareQueue(n("q"), n("ex"), tinymq.Fanout))
+	require.NoError(t, m.Start(context.Background()))
+	raw := rawChannel(t)
+	type listed struct {
+		consumers int
+		err       error
+	}
+	after := make(chan listed, 1)
+	var self atomic.Pointer[tinymq.Subscription]
+	sub, err := m.Consume(n("q"), func(context.Context, *tinymq.Msg) error {
+		if err := self.Load().Cancel(context.Background()); err != nil {
+			after <- listed{err: err}
+			return nil
+		}
+		qi, err := raw.QueueDeclarePassive(n("q"), true, false, false, false, nil)
+		after <- listed{qi.Consumers, err}
+		return nil
+	}, 1)
+	require.NoError(t, err)
+	self.Store(sub)
+	require.NoError(t, m.Publish(n("ex"), "cancel"))
+	select {
+	case got := <-after:
+		require.NoError(t, got.err)
+		assert.Equal(t, 0, got.consumers, "consumers the broker lists once Cancel returned")
+	case <-time.After(15 * time.Second):
+		t.Fatal("Cancel from the subscription's own consumer did not return")
+	}
+	require.NoError(t, sub.Cancel(context.Background()))
+	assert.Equal(t, uint64(1), m.Stats().Queues[n("q")].Succeeded, "the delivery Cancel was called from")
+}
+
 // TestDeleteQueueLetsDeliveriesInFlightFinish: the broker cancels the
 // consumers of a deleted queue; a delivery in flight finishes, its
 // subscription ends, and the queue is not declared again.
