@@ -78,7 +78,10 @@ type EngineSubscription interface {
 	// Cancel stops the consumer taking messages, gives back those it took
 	// and did not begin, and waits for those it is handling until ctx ends
 	// ([Subscription.Cancel]). It is idempotent; called from the
-	// subscription's own consumer it returns without waiting.
+	// subscription's own consumer it does not wait for the deliveries in
+	// flight, but may wait, until ctx ends, for the broker to stop
+	// delivering to it, so that what is published after it returns goes to
+	// the queue's other consumers.
 	Cancel(ctx context.Context) error
 }
 

@@ -154,17 +154,21 @@ func (m *MQ) startSub(s *Subscription) {
 }
 
 // Cancel ends the subscription, as RabbitMQ's basic.cancel does: it takes no
-// new message, and the messages it had taken but not begun go back to the
-// head of the queue, in their order, for the queue's other consumers (or to
-// wait for the next). Cancel then waits for the deliveries it has in flight
-// until ctx ends, and returns ctx's error if it ends first: they finish and
-// are settled in the background. It is idempotent: a second Cancel waits as
-// the first does. Called from one of the subscription's own consumers (or
-// anything else the MQ runs), it cancels and returns nil without waiting,
-// since it would wait for itself. A queue left without consumers keeps its
-// messages, and its [WithQueueExpiry] clock starts. After Stop the
-// subscription has ended with the MQ: Cancel returns once its workers have.
-// A nil ctx is [ErrInvalidOption], and nothing is cancelled.
+// new message, and the messages it had taken but not begun go back to the head
+// of the queue, in their order, for the queue's other consumers (or to wait
+// for the next). Cancel then waits for the deliveries it has in flight until
+// ctx ends, and returns ctx's error if it ends first: they finish and are
+// settled in the background. It is idempotent: a second Cancel waits as the
+// first does. Called from one of the subscription's own consumers (or anything
+// else the MQ runs), it cancels and returns nil without waiting for the
+// deliveries in flight, since it would wait for itself; on an engine
+// ([WithEngine]) a call from a consumer still waits, until ctx ends, for the
+// broker to stop delivering to the subscription (see the engine's
+// documentation), and returns ctx's error if it ends first. A queue left
+// without consumers keeps its messages, and its [WithQueueExpiry] clock
+// starts. After Stop the subscription has ended with the MQ: Cancel returns
+// once its workers have. A nil ctx is [ErrInvalidOption], and nothing is
+// cancelled.
 func (s *Subscription) Cancel(ctx context.Context) error {
 	if s == nil {
 		return fmt.Errorf("%w: nil Subscription", ErrInvalidOption)

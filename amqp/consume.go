@@ -345,9 +345,17 @@ func (s *subscription) consume(conn *amqp091.Connection, lost <-chan struct{}) (
 		// PauseQueue takes, so that a PauseQueue waits for this consumer to
 		// be cancelled again.
 		q.mu.Lock()
-		paused, changed := q.paused, q.changed
-		s.consuming = !paused
+		paused, changed, ended := q.paused, q.changed, s.cancelled
+		s.consuming = !paused && !ended
 		q.mu.Unlock()
+		if ended {
+			// Checked under the lock that Cancel takes: a subscription
+			// cancelled while its queue was paused, or its connection lost,
+			// never consumes again (a Cancel from its own consumer has
+			// returned, and what is published now is the other consumers').
+			s.stopConsuming(conn, ch, nil)
+			return true, true
+		}
 		if paused {
 			select {
 			case <-changed:

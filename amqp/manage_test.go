@@ -3,6 +3,7 @@ package amqp_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -271,6 +272,80 @@ func TestCancelFromItsOwnConsumerStopsTheBrokersDeliveries(t *testing.T) {
 	}
 	require.NoError(t, sub.Cancel(context.Background()))
 	assert.Equal(t, uint64(1), m.Stats().Queues[n("q")].Succeeded, "the delivery Cancel was called from")
+}
+
+// TestCancelledWhilePausedNeverConsumesAgain: a subscription whose consumer
+// cancels it while its queue is paused (so the broker was not delivering to
+// it and Cancel returns at once) does not consume again when the queue is
+// resumed: what is published after the resume goes to the queue's other
+// consumer, in order, never redelivered. Rounds, as the manager's choice
+// between the resume and the cancel is a race.
+func TestCancelledWhilePausedNeverConsumesAgain(t *testing.T) {
+	n := uniq(t)
+	m := newMQ(t)
+	require.NoError(t, m.Start(context.Background()))
+	const rounds, k = 12, 10
+	for r := range rounds {
+		q, ex := n(fmt.Sprintf("q%d", r)), n(fmt.Sprintf("ex%d", r))
+		require.NoError(t, m.DeclareQueue(q, ex, tinymq.Fanout))
+		entered, goOn := make(chan struct{}, 1), make(chan struct{})
+		done := make(chan error, 1)
+		var calls atomic.Int32
+		var self atomic.Pointer[tinymq.Subscription]
+		a, err := m.Consume(q, func(context.Context, *tinymq.Msg) error {
+			if calls.Add(1) > 1 {
+				return nil // counted: the cancelled subscription consumed again
+			}
+			entered <- struct{}{}
+			<-goOn
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			err := self.Load().Cancel(ctx)
+			if err == nil {
+				err = m.ResumeQueue(q)
+			}
+			for i := range k {
+				if err == nil {
+					err = m.Publish(ex, fmt.Sprintf("after-%d", i))
+				}
+			}
+			done <- err
+			return nil
+		}, 1)
+		require.NoError(t, err)
+		self.Store(a)
+		require.NoError(t, m.Publish(ex, "first"))
+		select {
+		case <-entered:
+		case <-time.After(15 * time.Second):
+			t.Fatalf("round %d: the first delivery did not come", r)
+		}
+		require.NoError(t, m.PauseQueue(q))
+		got := make(chan *tinymq.Msg, 64)
+		b, err := m.Consume(q, func(_ context.Context, msg *tinymq.Msg) error { got <- msg; return nil }, 1)
+		require.NoError(t, err)
+		close(goOn)
+		select {
+		case err := <-done:
+			require.NoError(t, err, "round %d: Cancel, ResumeQueue and Publish from the consumer", r)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: the consumer that cancels did not return", r)
+		}
+		for i := range k {
+			select {
+			case msg := <-got:
+				var s string
+				require.NoError(t, msg.Data.(tinymq.Encoded).Decode(&s))
+				require.Equal(t, fmt.Sprintf("after-%d", i), s, "round %d: the other subscription's order", r)
+				require.False(t, msg.Redelivered, "round %d: %s came back from the cancelled subscription", r, s)
+			case <-time.After(15 * time.Second):
+				t.Fatalf("round %d: message %d did not reach the other subscription", r, i)
+			}
+		}
+		require.NoError(t, b.Cancel(context.Background()))
+		require.NoError(t, a.Cancel(context.Background()))
+		require.Equal(t, int32(1), calls.Load(), "round %d: deliveries to the cancelled subscription", r)
+	}
 }
 
 // TestDeleteQueueLetsDeliveriesInFlightFinish: the broker cancels the
