@@ -1024,9 +1024,20 @@ func (m *MQ) closeLog() {
 		return
 	}
 	if err := m.dur.log.Close(); err != nil {
+		m.settleBegin()
+		defer m.settling.Add(-1)
 		m.logAttrs(slog.LevelError, "tinymq: closing the log", func(a []slog.Attr) []slog.Attr {
 			return append(a, slog.String("err", err.Error()))
 		})
+	}
+}
+
+// closeLogQuietly closes the log, and leaves its error, which a later
+// closeLog gets again, to be logged there: Shutdown's own goroutine calls no
+// user code.
+func (m *MQ) closeLogQuietly() {
+	if m.dur != nil {
+		_ = m.dur.log.Close()
 	}
 }
 
@@ -1037,6 +1048,8 @@ func (m *MQ) waitLogs() {
 		return
 	}
 	if n := m.dur.logs.wait(); n > 0 {
+		m.settleBegin()
+		defer m.settling.Add(-1)
 		m.logAttrs(slog.LevelError, "tinymq: the logger was too slow, lines of the write-ahead log were dropped", func(a []slog.Attr) []slog.Attr {
 			return append(a, slog.Uint64("count", n))
 		})

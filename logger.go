@@ -148,8 +148,10 @@ func (w *walLogger) log(level slog.Level, msg string, attrs ...slog.Attr) {
 		return
 	}
 	w.pending++
+	w.m.settleBegin() // the MQ's goroutine in user code: see MQ.settling
 	go func() {
 		w.m.logAttrs(level, msg, func(a []slog.Attr) []slog.Attr { return append(a, attrs...) })
+		w.m.settling.Add(-1)
 		w.mu.Lock()
 		w.pending--
 		if w.pending == 0 {

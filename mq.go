@@ -158,10 +158,21 @@ type MQ struct {
 	lost      abortTally    // what the abort dropped, set before aborted is closed
 	// settling counts the MQ's goroutines in user code (a logger, a
 	// dead-letter exchange's filter or codec) for messages that have
-	// reached their end: a worker settling a failure, the drain logging
-	// what it stranded. The stop waits for them; Shutdown's deadline does
-	// not (see abortAll).
+	// reached their end, or for none: a worker settling a failure or an
+	// expired message, the scheduler expiring, the drain logging what it
+	// stranded or the log's close, a line of the log's (see settleBegin).
+	// The stop waits for them; Shutdown's deadline does not (see abortAll).
 	settling atomic.Int64
+	// stranded counts the messages of in-memory queues that the stop found
+	// waiting where no consumer takes them (see queue.strand): undelivered,
+	// and returned by Shutdown. Added under the queue's lock, so that each
+	// is counted by strand or by an abort, never both.
+	stranded atomic.Int64
+	// late is closed when one of the MQ's goroutines enters user code after
+	// the deadline's abort (see settleBegin): a Shutdown that found nothing
+	// lost and waits for the stop then returns rather than wait for it.
+	late     chan struct{}
+	lateOnce sync.Once
 
 	deadLetters deadLetterRing
 
@@ -217,6 +228,7 @@ func (m *MQ) init() {
 		m.schedQuit = make(chan struct{})
 		m.done = make(chan struct{})
 		m.aborted = make(chan struct{})
+		m.late = make(chan struct{})
 		if m.engine != nil {
 			var bound bool
 			if m.engine, bound = bindEngine(m, m.engine); bound {
@@ -531,31 +543,34 @@ func (m *MQ) Stop() {
 }
 
 // Shutdown is [MQ.Stop] bounded by ctx. It returns nil once every accepted
-// message has reached its end and every worker has returned. If ctx ends
-// first, it cancels the consumers' context, drops the messages that no worker
-// has begun (those waiting for a delay or retry included), and returns an
-// error wrapping both [ErrUndelivered] and ctx.Err() that says how many
-// accepted messages never reached a consumer; the drops are logged by the
-// MQ's own goroutine, so a slow logger cannot hold Shutdown past its
-// deadline. (The deadline's abort takes the MQ's write lock, so it waits for
-// a RegisterQueue, Bind or Start in progress, which may be opening a data
-// directory's log.) Workers still inside a consumer then return when the consumer
-// does; call Stop to wait for them. A message that a worker had begun when
-// ctx ended counts as in a consumer, even if its consumer call begins just
-// after (with the consumers' context already cancelled). Consumer calls that
-// [WithDeliveryTimeout] abandoned are waited for like workers: if some still
-// run when ctx ends, Shutdown returns an error wrapping ctx.Err() that counts
-// them (wrapping ErrUndelivered only if messages were lost too), though their
-// messages were settled at their deadlines; so are the MQ's own goroutines
-// still in user code (a logger, a dead-letter filter or codec) for a message
-// that had reached its end: a blocked logger never holds Shutdown past its
-// deadline. If nothing was lost (nothing waited, no consumer was running, no
-// abandoned call and no such goroutine), Shutdown returns nil even when ctx
-// had ended.
-// Shutdown before Start drops what was published and returns an error
-// wrapping ErrUndelivered if that was anything. Called from a consumer, it
-// begins the stop and returns [ErrCalledFromConsumer] at once. A nil ctx is
-// refused with [ErrInvalidOption], and nothing stops.
+// message has reached its end and every worker has returned, or an error
+// wrapping [ErrUndelivered] if the stop found messages waiting in an in-memory
+// queue that no consumer takes (paused, or without a consumer): they are lost
+// (a durable queue's stay in its log). If ctx ends first, it cancels the
+// consumers' context, drops the messages that no worker has begun (those
+// waiting for a delay or retry included), and returns an error wrapping both
+// [ErrUndelivered] and ctx.Err() that says how many accepted messages never
+// reached a consumer; the drops are logged by the MQ's own goroutine, so a
+// slow logger cannot hold Shutdown past its deadline. (The deadline's abort
+// takes the MQ's write lock, so it waits for a RegisterQueue, Bind or Start in
+// progress, which may be opening a data directory's log.) Workers still inside
+// a consumer then return when the consumer does; call Stop to wait for them. A
+// message that a worker had begun when ctx ended counts as in a consumer, even
+// if its consumer call begins just after (with the consumers' context already
+// cancelled). Consumer calls that [WithDeliveryTimeout] abandoned are waited
+// for like workers: if some still run when ctx ends, Shutdown returns an error
+// wrapping ctx.Err() that counts them (wrapping ErrUndelivered only if
+// messages were lost too), though their messages were settled at their
+// deadlines; so are the MQ's own goroutines still in user code (a logger, a
+// dead-letter filter or codec) for a message that had reached its end, or that
+// enter user code after the deadline (the stop's last log lines, a line of the
+// write-ahead log's): a blocked logger never holds Shutdown past its deadline.
+// If nothing was lost (nothing waited, no consumer was running, no abandoned
+// call and no such goroutine), Shutdown returns nil even when ctx had ended.
+// Shutdown before Start drops what was published and returns an error wrapping
+// ErrUndelivered if that was anything. Called from a consumer, it begins the
+// stop and returns [ErrCalledFromConsumer] at once. A nil ctx is refused with
+// [ErrInvalidOption], and nothing stops.
 func (m *MQ) Shutdown(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", ErrInvalidOption)
@@ -612,14 +627,30 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 		// directory is free once Shutdown returns, even while a consumer
 		// that ignores its context still runs (its acknowledgement is then
 		// lost, and the message delivered again after a restart).
-		m.closeLog()
+		// It logs nothing here: the drain logs the close's error.
+		m.closeLogQuietly()
 		close(m.aborted)
 	})
 	if m.lost == (abortTally{}) {
 		// Nothing was lost: the workers have nothing left and no consumer
-		// to wait for, so the stop ends at once.
-		<-m.done
-		return m.stopErr
+		// to wait for, so the stop ends at once, unless the MQ's goroutines
+		// run user code after the abort (the stop's last log lines, a line
+		// of the log's): Shutdown does not wait for that. Either settleBegin
+		// saw aborted closed, or its count is seen here.
+		select {
+		case <-m.done:
+			return m.stopErr
+		default:
+		}
+		if n := m.settling.Load(); n > 0 {
+			return m.lateErr(ctx, n)
+		}
+		select {
+		case <-m.done:
+			return m.stopErr
+		case <-m.late:
+			return m.lateErr(ctx, m.settling.Load())
+		}
 	}
 	if m.lost.undelivered == 0 && m.lost.inConsumers == 0 {
 		// Every message has reached its end, but some goroutines have not:
@@ -630,6 +661,26 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 	}
 	return fmt.Errorf("%w: %d never reached a consumer, %d were in consumers, %d abandoned calls still run, %d of the MQ's goroutines still run a logger, filter or codec: %w",
 		ErrUndelivered, m.lost.undelivered, m.lost.inConsumers, m.lost.abandoned, m.lost.settling, ctx.Err())
+}
+
+// lateErr is Shutdown's error when nothing was lost at the deadline but n of
+// the MQ's goroutines then ran user code.
+func (m *MQ) lateErr(ctx context.Context, n int64) error {
+	return fmt.Errorf("tinymq: 0 consumer calls abandoned after their delivery timeout still run, %d of the MQ's goroutines still run a logger, filter or codec: %w",
+		max(n, 1), ctx.Err())
+}
+
+// settleBegin counts the calling goroutine, one of the MQ's, in settling as
+// it runs user code that no message waits for (the caller takes it off with
+// settling.Add(-1)). After the deadline's abort it also closes late, so
+// that a Shutdown waiting for the stop does not wait for that user code.
+func (m *MQ) settleBegin() {
+	m.settling.Add(1)
+	select {
+	case <-m.aborted:
+		m.lateOnce.Do(func() { close(m.late) })
+	default:
+	}
 }
 
 // abortAll aborts every queue and returns what was lost. It holds the write
@@ -652,6 +703,9 @@ func (m *MQ) abortAll() abortTally {
 	for _, q := range m.deleted { // a deleted queue's deliveries still in flight
 		total.inConsumers += q.inHand()
 	}
+	// Those that the stop stranded before the abort came: a queue it
+	// stranded is closed, and its abort above counted nothing.
+	total.undelivered += uint64(m.stranded.Load())
 	// Read last: a worker counts itself settling before its message's end
 	// (see queue.settle), and the drain before it strands a queue's
 	// messages, so that each message either was counted above or its
@@ -719,7 +773,8 @@ wait:
 		}
 	}
 	// What waits in a queue that no consumer takes (it has none, or is
-	// paused) stays there, as in a broker: undelivered, and logged.
+	// paused) stays there, as in a broker: undelivered, logged, and
+	// returned by Shutdown (a durable queue's stay in the log: not lost).
 	for _, q := range queues {
 		if n := q.strand(); n > 0 {
 			if q.cfg.durable {
@@ -746,6 +801,9 @@ wait:
 	m.waitLogs()
 	m.cancel()
 	m.stopAfter()
+	if n := m.stranded.Load(); n > 0 {
+		m.stopErr = fmt.Errorf("%w: %d messages waited in queues that no consumer takes (paused, or without a consumer)", ErrUndelivered, n)
+	}
 	close(m.done)
 }
 

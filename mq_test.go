@@ -899,6 +899,44 @@ func TestShutdownOfAnIdleMQWithAnEndedContextIsClean(t *testing.T) {
 	}
 }
 
+// Shutdown returns ErrUndelivered for the messages the stop finds waiting in
+// an in-memory queue that no consumer takes (paused, or without a
+// consumer): whether the stop strands them before ctx ends or the abort of
+// an ended ctx counts them, never nil (they are lost), and each is counted
+// once.
+func TestShutdownReportsWhatWaitsInAQueueThatNoConsumerTakes(t *testing.T) {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name   string
+		ctx    context.Context
+		paused bool
+	}{
+		{"paused, the stop completes", context.Background(), true},
+		{"paused, ctx already ended", ended, true},
+		{"no consumer, the stop completes", context.Background(), false},
+		{"no consumer, ctx already ended", ended, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range 200 {
+				m := tinymq.New(quiet())
+				require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout))
+				if tc.paused {
+					_, err := m.Consume("q", func(context.Context, *tinymq.Msg) error { return nil }, 1)
+					require.NoError(t, err)
+					require.NoError(t, m.PauseQueue("q"))
+				}
+				require.NoError(t, m.Start(context.Background()))
+				require.NoError(t, m.Publish("ev", i))
+				err := m.Shutdown(tc.ctx)
+				require.ErrorIs(t, err, tinymq.ErrUndelivered, "run %d", i)
+				require.Contains(t, err.Error(), "1 ", "run %d: counted once", i)
+				require.Equal(t, uint64(1), m.Stats().Queues["q"].Undelivered, "run %d", i)
+			}
+		})
+	}
+}
+
 func TestStopReleasesBlockedPublishers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})

@@ -544,6 +544,9 @@ func (q *queue) strand() int {
 	}
 	q.c.undelivered.Add(uint64(n))
 	if n > 0 {
+		if !q.cfg.durable { // a durable queue's stay in its log
+			q.mq.stranded.Add(int64(n))
+		}
 		q.mq.settling.Add(1) // the drain logs them: see MQ.settling
 	}
 	return n

@@ -692,6 +692,39 @@ var scenarios = map[string]func(t *testing.T){
 		shutdownKeepsItsDeadline(t, m)
 		assert.Equal(t, uint64(1), m.Stats().Queues["q"].Expired)
 	},
+	"logger blocks on a begun message that expired: Shutdown keeps its deadline": func(t *testing.T) {
+		h := gateHandler{entered: make(chan struct{}, 1), block: make(chan struct{})}
+		m := tinymq.New(tinymq.WithLogger(slog.New(h)))
+		// The scheduler blocks first, logging the drop of a's expired head,
+		// so that b's message, expired meanwhile, is found by b's worker.
+		require.NoError(t, m.DeclareQueue("a", "ea", tinymq.Fanout, tinymq.WithMessageTTL(time.Millisecond)))
+		require.NoError(t, m.RegisterQueue("eb", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			t.Error("an expired message reached the consumer")
+			return nil
+		}, 1, tinymq.WithQueueName("b")))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.PauseQueue("b"))
+		require.NoError(t, m.Publish("ea", 1))
+		recv(t, h.entered, 1) // the scheduler, in the logger
+		require.NoError(t, m.Publish("eb", 2, tinymq.WithExpiration(time.Millisecond)))
+		<-time.After(20 * time.Millisecond) // b's message expires; the scheduler cannot drop it
+		require.NoError(t, m.ResumeQueue("b"))
+		recv(t, h.entered, 1) // b's worker, in the logger, dropping its expired message
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		res := make(chan error, 1)
+		go func() { res <- m.Shutdown(ctx) }()
+		select {
+		case err := <-res:
+			require.Error(t, err)
+			assert.NotErrorIs(t, err, tinymq.ErrUndelivered, "both messages had reached their end")
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.Contains(t, err.Error(), "2 of the MQ's goroutines still run a logger")
+		case <-time.After(5 * time.Second):
+			t.Fatal("Shutdown waited past its deadline for a blocked logger")
+		}
+		assert.Equal(t, uint64(1), m.Stats().Queues["b"].Expired)
+	},
 	"logger blocks on an expired queue's delete: Shutdown keeps its deadline": func(t *testing.T) {
 		h := gateHandler{entered: make(chan struct{}, 1), block: make(chan struct{})}
 		m := tinymq.New(tinymq.WithLogger(slog.New(h)))
@@ -717,8 +750,9 @@ var scenarios = map[string]func(t *testing.T){
 		select {
 		case err := <-res:
 			require.Error(t, err)
-			assert.NotErrorIs(t, err, tinymq.ErrUndelivered, "the stop counted the message (undelivered) before the deadline")
+			assert.ErrorIs(t, err, tinymq.ErrUndelivered, "the stop counted the message it stranded before the deadline: lost")
 			assert.ErrorIs(t, err, context.Canceled)
+			assert.Contains(t, err.Error(), "1 never reached a consumer, 0 were in consumers")
 			assert.Contains(t, err.Error(), "1 of the MQ's goroutines still run a logger")
 		case <-time.After(5 * time.Second):
 			t.Fatal("Shutdown waited past its deadline for a blocked logger")
@@ -1574,3 +1608,71 @@ func (goexitError) Error() string { runtime.Goexit(); return "" }
 func (goexitError) Is(error) bool { runtime.Goexit(); return false }
 
 func (goexitError) Unwrap() error { runtime.Goexit(); return nil }
+
+// prefixGate is a log handler that blocks on the lines whose message starts
+// with prefix until open is closed, and says so on entered.
+type prefixGate struct {
+	prefix  string
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func (prefixGate) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h prefixGate) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		select {
+		case h.entered <- struct{}{}:
+		default:
+		}
+		<-h.open
+	}
+	return nil
+}
+
+func (h prefixGate) WithAttrs([]slog.Attr) slog.Handler { return h }
+
+func (h prefixGate) WithGroup(string) slog.Handler { return h }
+
+// A logger that blocks on a line about a failed write-ahead log (the log's
+// own report of the failure, or the stop's line about closing it) does not
+// hold Shutdown past its deadline: nothing was lost in the queue, and the
+// error says that one of the MQ's goroutines still runs the logger.
+func TestShutdownKeepsItsDeadlineWhileTheLoggerBlocksOnAFailedLog(t *testing.T) {
+	for _, line := range []string{"wal: log failed", "tinymq: closing the log"} {
+		t.Run(line, func(t *testing.T) {
+			var full atomic.Bool
+			defer tinymq.SetWALFaults(&wal.Faults{WriteErr: func(string) error {
+				if full.Load() {
+					return syscall.ENOSPC
+				}
+				return nil
+			}})()
+			h := prefixGate{prefix: line, entered: make(chan struct{}, 1), open: make(chan struct{})}
+			m := tinymq.New(tinymq.WithDataDir(t.TempDir()), tinymq.WithLogger(slog.New(h)))
+			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
+				tinymq.WithQueueName("q"), tinymq.WithDurable()))
+			require.NoError(t, m.Start(context.Background()))
+			full.Store(true)
+			require.ErrorIs(t, m.Publish("ev", 1), tinymq.ErrLog, "the disk is full")
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			res := make(chan error, 1)
+			go func() { res <- m.Shutdown(ctx) }()
+			select {
+			case err := <-res:
+				require.Error(t, err)
+				assert.NotErrorIs(t, err, tinymq.ErrUndelivered, "no accepted message was lost")
+				assert.ErrorIs(t, err, context.DeadlineExceeded)
+				assert.Contains(t, err.Error(), "1 of the MQ's goroutines still run a logger")
+			case <-time.After(5 * time.Second):
+				close(h.open)
+				<-res
+				t.Fatal("Shutdown waited past its deadline for a blocked logger")
+			}
+			recv(t, h.entered, 1) // the line was logged, and blocked
+			close(h.open)
+			stopWithin(t, m)
+		})
+	}
+}

@@ -69,10 +69,7 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry, abandoned *boo
 	if w.c.direct == nil || !e.m.shared {
 		m = e.msg(q.name)
 		if x := m.expires(); x != 0 && time.Now().UnixNano() >= x {
-			q.c.expired.Add(1)
-			q.deadLetter(m, ReasonExpired, m.lastErr())
-			q.groupEnd(m)
-			w.skipped.Add(1)
+			q.expireBegun(w, m)
 			return
 		}
 		if !q.load(m) {
@@ -193,6 +190,20 @@ func (q *queue) settle(m *Msg, err error) {
 	if !q.fail(m, err) {
 		q.groupEnd(m)
 	}
+}
+
+// expireBegun ends m, which w began and found expired: it is dead-lettered
+// (which may run a logger, filter or codec), and counted as skipped before
+// that, as settle counts a failure, with this goroutine in the MQ's
+// settling meanwhile, so that a Shutdown deadline counts it as ended, not
+// in a consumer, and does not wait for that user code.
+func (q *queue) expireBegun(w *worker, m *Msg) {
+	q.mq.settling.Add(1)
+	defer q.mq.settling.Add(-1)
+	q.c.expired.Add(1)
+	w.skipped.Add(1)
+	q.deadLetter(m, ReasonExpired, m.lastErr())
+	q.groupEnd(m)
 }
 
 // fail is settle, but for the group: it reports whether m waits for a retry.
