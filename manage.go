@@ -214,7 +214,7 @@ func (m *MQ) expireQueue(q *queue) {
 	}
 	// Settling (see MQ.settling) under the MQ's lock, which abortAll takes:
 	// the delete's messages reach their end, and it is logged after.
-	m.settling.Add(1)
+	m.settleBegin()
 	defer m.settling.Add(-1)
 	d := m.deleteLocked(q, true)
 	m.unlock()

@@ -470,7 +470,7 @@ func (q *queue) expireHead() {
 		// Settling (see MQ.settling) before the lock is released: the
 		// expired messages have reached their end for a Shutdown deadline,
 		// and dead-lettering them runs user code.
-		q.mq.settling.Add(1)
+		q.mq.settleBegin()
 		defer q.mq.settling.Add(-1)
 		q.freeRoomLocked()
 		// The expiry may have taken what a stopping MQ was waiting for,
@@ -547,7 +547,7 @@ func (q *queue) strand() int {
 		if !q.cfg.durable { // a durable queue's stay in its log
 			q.mq.stranded.Add(int64(n))
 		}
-		q.mq.settling.Add(1) // the drain logs them: see MQ.settling
+		q.mq.settleBegin() // the drain logs them: see MQ.settling
 	}
 	return n
 }

@@ -185,7 +185,7 @@ var freezer = guard.Freezer[*PanicError]{TypedNil: ErrTypedNil, Permanent: ErrPe
 // in the MQ's settling before the failure, which is m's end for a Shutdown
 // deadline: the logger, filters and codecs it calls after that may block.
 func (q *queue) settle(m *Msg, err error) {
-	q.mq.settling.Add(1)
+	q.mq.settleBegin()
 	defer q.mq.settling.Add(-1)
 	if !q.fail(m, err) {
 		q.groupEnd(m)
@@ -198,7 +198,7 @@ func (q *queue) settle(m *Msg, err error) {
 // settling meanwhile, so that a Shutdown deadline counts it as ended, not
 // in a consumer, and does not wait for that user code.
 func (q *queue) expireBegun(w *worker, m *Msg) {
-	q.mq.settling.Add(1)
+	q.mq.settleBegin()
 	defer q.mq.settling.Add(-1)
 	q.c.expired.Add(1)
 	w.skipped.Add(1)
