@@ -710,7 +710,8 @@ var scenarios = map[string]func(t *testing.T){
 		<-time.After(20 * time.Millisecond) // b's message expires; the scheduler cannot drop it
 		require.NoError(t, m.ResumeQueue("b"))
 		recv(t, h.entered, 1) // b's worker, in the logger, dropping its expired message
-		shutdownKeepsItsDeadline(t, m, 2) // the scheduler and b's worker
+		// Two of the MQ's goroutines in the logger: the scheduler and b's worker.
+		shutdownKeepsItsDeadline(t, m, 2)
 		assert.Equal(t, uint64(1), m.Stats().Queues["b"].Expired)
 	},
 	"logger blocks on an expired queue's delete: Shutdown keeps its deadline": func(t *testing.T) {
