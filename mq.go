@@ -151,7 +151,6 @@ type MQ struct {
 	schedQuit  chan struct{} // closed to stop the scheduler
 	done       chan struct{} // closed when every worker has returned
 	stopErr    error         // set before done is closed
-	loggedNew  atomic.Bool   // the drops of a stop before Start were logged
 
 	abortOnce sync.Once
 	aborted   chan struct{} // closed when Shutdown's deadline passed
@@ -600,9 +599,6 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 		return err
 	}
 	m.stopOnce.Do(m.beginStop)
-	if m.stoppedNew && m.loggedNew.CompareAndSwap(false, true) {
-		m.logLost("tinymq: stopped before Start, messages not delivered")
-	}
 	if m.own.Mine() {
 		return ErrCalledFromConsumer
 	}
@@ -617,6 +613,9 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 	case <-m.done:
 		return m.stopErr
 	case <-ctx.Done():
+	}
+	if m.stoppedNew {
+		return m.shutdownNewLate(ctx)
 	}
 	m.abortOnce.Do(func() {
 		// Count first, then cancel: a cancelled consumer may return at once,
@@ -661,6 +660,31 @@ func (m *MQ) Shutdown(ctx context.Context) error {
 	}
 	return fmt.Errorf("%w: %d never reached a consumer, %d were in consumers, %d abandoned calls still run, %d of the MQ's goroutines still run a logger, filter or codec: %w",
 		ErrUndelivered, m.lost.undelivered, m.lost.inConsumers, m.lost.abandoned, m.lost.settling, ctx.Err())
+}
+
+// shutdownNewLate is Shutdown past ctx's end after a stop before Start,
+// which had nothing to abort: the drops were counted at once (stopErr), and
+// only finishNew's log lines may still run, which Shutdown does not wait for
+// (closing aborted makes settleBegin signal late, as after an abort).
+func (m *MQ) shutdownNewLate(ctx context.Context) error {
+	if m.stopErr != nil {
+		return m.stopErr
+	}
+	m.abortOnce.Do(func() { close(m.aborted) })
+	select {
+	case <-m.done:
+		return nil
+	default:
+	}
+	if n := m.settling.Load(); n > 0 {
+		return m.lateErr(ctx, n)
+	}
+	select {
+	case <-m.done:
+		return nil
+	case <-m.late:
+		return m.lateErr(ctx, m.settling.Load())
+	}
 }
 
 // lateErr is Shutdown's error when nothing was lost at the deadline but n of
@@ -746,15 +770,30 @@ func (m *MQ) beginStop() {
 		if n := m.abortAll().undelivered; n > 0 {
 			m.stopErr = fmt.Errorf("%w: %d messages published before Start were dropped by a stop before Start", ErrUndelivered, n)
 		}
-		m.closeLog()
-		m.waitLogs()
-		close(m.done)
+		go m.finishNew()
 		return
 	}
 	for _, q := range queues {
 		q.stop()
 	}
 	go m.drain(queues)
+}
+
+// finishNew ends a stop before Start on a goroutine of the MQ's, which done
+// waits for: it logs what was dropped, closes the log and waits for its
+// lines, so that a logger that blocks holds this goroutine, never a
+// Shutdown's deadline (its user code counts in settling).
+func (m *MQ) finishNew() {
+	id := m.own.Enter()
+	defer m.own.Leave(id)
+	if m.stopErr != nil {
+		m.settleBegin()
+		m.logLost("tinymq: stopped before Start, messages not delivered")
+		m.settling.Add(-1)
+	}
+	m.closeLog()
+	m.waitLogs()
+	close(m.done)
 }
 
 // drain waits until no queue has work left, all at one instant (a consumer

@@ -1141,3 +1141,24 @@ func TestShutdownDeadlineCountsAMessageBegunJustBeforeIt(t *testing.T) {
 		require.Equal(t, st.Accepted, st.Succeeded+st.Undelivered, "round %d: %+v", round, st)
 	}
 }
+
+// Shutdown before Start with a context that has already ended says what the
+// stop dropped, every time: nil when nothing was published, ErrUndelivered
+// counting it otherwise.
+func TestShutdownBeforeStartWithAnEndedContextSaysWhatItDropped(t *testing.T) {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 200 {
+		m := tinymq.New(quiet())
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout))
+		require.NoError(t, m.Shutdown(ended), "run %d: nothing published", i)
+
+		m = tinymq.New(quiet())
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout))
+		require.NoError(t, m.Publish("ev", i))
+		err := m.Shutdown(ended)
+		require.ErrorIs(t, err, tinymq.ErrUndelivered, "run %d", i)
+		require.Contains(t, err.Error(), "1 messages published before Start were dropped", "run %d", i)
+		m.Stop()
+	}
+}

@@ -99,6 +99,7 @@ var promises = []struct {
 	}},
 	{"A logger that blocks holds the goroutine that logs, never Shutdown's return: past its deadline Shutdown returns an error wrapping ctx.Err() that counts the MQ's goroutines still in a logger, filter or codec", []string{
 		"TestReentrancy", "TestShutdownKeepsItsDeadlineWhileTheLoggerBlocksOnAFailedLog",
+		"TestShutdownBeforeStartKeepsItsDeadlineWhileTheLoggerBlocks",
 	}},
 	{"Inputs that could never work are refused at the call that made them, with a sentinel error; durations past the year 2262 saturate", []string{
 		"TestBadInputNeverPanics", "TestBadInputGetsSentinelErrors", "TestDeliveryOptionValidation",
@@ -115,6 +116,7 @@ var promises = []struct {
 	}},
 	{"Cancelling the context given to Start stops as Stop does; Stop before Start drops what was published and logs how much", []string{
 		"TestCancellingStartContextStopsLikeStop", "TestStopBeforeStart", "TestPublishBeforeStartIsDeliveredAfterStart",
+		"TestShutdownBeforeStartWithAnEndedContextSaysWhatItDropped",
 	}},
 
 	// Run-time topology (in memory)

@@ -1665,3 +1665,29 @@ func TestShutdownKeepsItsDeadlineWhileTheLoggerBlocksOnAFailedLog(t *testing.T) 
 		})
 	}
 }
+
+// A stop before Start logs what it dropped on a goroutine of the MQ's: a
+// logger that blocks on that line does not hold Shutdown past its deadline,
+// which returns the drops (ErrUndelivered) at its deadline.
+func TestShutdownBeforeStartKeepsItsDeadlineWhileTheLoggerBlocks(t *testing.T) {
+	h := prefixGate{prefix: "tinymq: stopped before Start", entered: make(chan struct{}, 1), open: make(chan struct{})}
+	m := tinymq.New(tinymq.WithLogger(slog.New(h)))
+	require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout))
+	require.NoError(t, m.Publish("ev", 1))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	res := make(chan error, 1)
+	go func() { res <- m.Shutdown(ctx) }()
+	select {
+	case err := <-res:
+		require.ErrorIs(t, err, tinymq.ErrUndelivered)
+		assert.Contains(t, err.Error(), "1 messages published before Start were dropped")
+	case <-time.After(5 * time.Second):
+		close(h.open)
+		<-res
+		t.Fatal("Shutdown before Start waited past its deadline for a blocked logger")
+	}
+	recv(t, h.entered, 1) // the line was logged, and blocked
+	close(h.open)
+	stopWithin(t, m)
+}
