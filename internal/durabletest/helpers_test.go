@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"sync"
 	"testing"
@@ -97,6 +98,10 @@ func (r *recorder) waitAll(t *testing.T) {
 	select {
 	case <-r.done:
 	case <-time.After(bound):
+		// Every goroutine's stack, for the stall's cause (the MQ's workers,
+		// its scheduler, the log's writer) in CI's log.
+		buf := make([]byte, 1<<20)
+		t.Logf("goroutines at the timeout:\n%s", buf[:runtime.Stack(buf, true)])
 		t.Fatalf("only %d of %d deliveries arrived", len(r.snapshot()), r.want)
 	}
 }
