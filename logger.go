@@ -112,7 +112,7 @@ const maxWalLogs = 16
 // are held, for unlock to log; afterwards each line is logged on a goroutine
 // of its own through guard, which the log's writer does not wait for, so
 // that a logger that panics, blocks or calls back into the MQ never stops
-// the writer. Those goroutines are the MQ's: drain and beginStop join them
+// the writer. Those goroutines are the MQ's: drain and finishNew join them
 // (see waitLogs).
 type walLogger struct {
 	m *MQ
