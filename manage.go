@@ -344,7 +344,7 @@ func (m *MQ) deleteLocked(q *queue, expired bool) *deletion {
 	}
 	q.mu.Unlock()
 	q.cond.Broadcast()
-	for _, it := range m.sched.dropQueue(q, false) {
+	for _, it := range m.sched.dropQueue(q) {
 		if it.m != nil {
 			if k := it.m.dkey(); k != "" {
 				d.keys = append(d.keys, k)
@@ -469,11 +469,12 @@ func (m *MQ) PurgeQueue(name string) (int, error) {
 	q.scheduled = 0
 	q.gen++
 	q.purgeGen = q.gen
+	gen := q.gen
 	q.freeRoomLocked()
 	q.reportIfQuiescentLocked()
 	q.mu.Unlock()
 	if scheduled {
-		items := m.sched.dropQueue(q, true)
+		items := m.sched.dropPurged(q, gen)
 		for _, it := range items {
 			if k := it.m.dkey(); k != "" {
 				keys = append(keys, k)

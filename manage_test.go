@@ -484,6 +484,52 @@ func TestPurgeQueueRemovesWhatWaitsNotWhatIsInAConsumer(t *testing.T) {
 	assert.ErrorIs(t, err, tinymq.ErrUnknownQueue)
 }
 
+// TestPurgeRacingRetriesAndDelaysLeavesNoneBehind: a retry or a delayed
+// message scheduled while a purge runs is purged or delivered, never left
+// counted in the queue with nothing to release it (which held Stop for
+// good: the queue never looked idle).
+func TestPurgeRacingRetriesAndDelaysLeavesNoneBehind(t *testing.T) {
+	m := tinymq.New(quiet())
+	declareQ(t, m, "q", tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 2, InitialBackoff: 50 * time.Microsecond, MaxBackoff: 50 * time.Microsecond}))
+	_, err := m.Consume("q", func(_ context.Context, msg *tinymq.Msg) error {
+		if msg.Attempt == 1 {
+			return errors.New("again")
+		}
+		return nil
+	}, 2)
+	require.NoError(t, err)
+	require.NoError(t, m.Start(context.Background()))
+	purged := make(chan struct{})
+	go func() {
+		defer close(purged)
+		for m.Stats().Queues["q"].Retried < 5000 {
+			_, _ = m.PurgeQueue("q")
+		}
+	}()
+	for i := 0; ; i++ {
+		select {
+		case <-purged:
+		default:
+			var opts []tinymq.PublishOption
+			if i%4 == 0 {
+				opts = append(opts, tinymq.WithDelay(50*time.Microsecond))
+			}
+			require.NoError(t, m.Publish("ev", i, opts...))
+			continue
+		}
+		break
+	}
+	deadline := time.Now().Add(wait)
+	for st := m.Stats().Queues["q"]; st.Depth > 0 || st.InFlight > 0; st = m.Stats().Queues["q"] {
+		if time.Now().After(deadline) {
+			t.Fatalf("messages stay counted with nothing to release them: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	stopWithin(t, m)
+	assertLedger(t, "q", m.Stats().Queues["q"])
+}
+
 // Unbind removes the one binding its options name; the queue keeps its
 // messages and other bindings, and a binding that does not exist is not an
 // error.

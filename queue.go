@@ -697,7 +697,7 @@ func (q *queue) abort() (undelivered, running uint64) {
 	running = q.inHandLocked()   // no worker can begin any more
 	q.mu.Unlock()
 	q.cond.Broadcast()
-	q.mq.sched.dropQueue(q, false)
+	q.mq.sched.dropQueue(q)
 	q.c.undelivered.Add(undelivered)
 	return undelivered + inbound, running
 }

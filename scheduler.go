@@ -114,7 +114,8 @@ func (s *scheduler) add(it schedItem) {
 }
 
 // remove forgets the item of message m in q, and reports whether it was
-// there: neither due and taken by run nor dropped by dropQueue.
+// there: neither due and taken by run nor dropped by dropQueue or
+// dropPurged.
 func (s *scheduler) remove(q *queue, m *Msg) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -128,18 +129,32 @@ func (s *scheduler) remove(q *queue, m *Msg) bool {
 }
 
 // dropQueue forgets every item of q, which Shutdown's deadline aborted or
-// a delete removed, or (msgs) only its messages, which a purge removed.
-//
+// a delete removed. It returns the items it dropped.
+func (s *scheduler) dropQueue(q *queue) []schedItem {
+	return s.drop(func(it *schedItem) bool { return it.q == q })
+}
+
+// dropPurged forgets the messages of q that a purge counted: those
+// scheduled before it moved q.gen to gen. A message scheduled since (a
+// consumer's retry, a delayed publish) was not counted by it and stays,
+// or it would be counted in q.scheduled with nothing left to release it.
 // It returns the items it dropped.
-func (s *scheduler) dropQueue(q *queue, msgs bool) (dropped []schedItem) {
+func (s *scheduler) dropPurged(q *queue, gen uint32) []schedItem {
+	return s.drop(func(it *schedItem) bool {
+		return it.q == q && it.m != nil && int32(it.gen-gen) < 0
+	})
+}
+
+// drop forgets the items for which match is true, and returns them.
+func (s *scheduler) drop(match func(*schedItem) bool) (dropped []schedItem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	kept := s.items[:0]
-	for _, it := range s.items {
-		if it.q != q || (msgs && it.m == nil) {
-			kept = append(kept, it)
+	for i := range s.items {
+		if match(&s.items[i]) {
+			dropped = append(dropped, s.items[i])
 		} else {
-			dropped = append(dropped, it)
+			kept = append(kept, s.items[i])
 		}
 	}
 	clear(s.items[len(kept):])
