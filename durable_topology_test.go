@@ -508,16 +508,32 @@ func TestDurableDeleteRacingPublishesKeepsEachMessageInItsDeclaration(t *testing
 			}
 		}()
 	}
+	// confirmedSince waits until 20 publishes that started after t0 have
+	// returned: each declaration then has messages of its own, however
+	// the publishers are scheduled.
+	confirmedSince := func(t0 int64) {
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			n := 0
+			for _, p := range pubs {
+				if p.start > t0 {
+					n++
+				}
+			}
+			return n >= 20
+		}, wait, time.Millisecond)
+	}
 	var deleteCalled, declared int64
 	for range 3 {
-		require.Eventually(t, func() bool { return m.Stats().Queues["q"].Depth >= 20 }, wait, time.Millisecond)
+		confirmedSince(declared)
 		deleteCalled = clock.Add(1)
 		_, err := m.DeleteQueue("q")
 		require.NoError(t, err)
 		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithDurable()))
 		declared = clock.Add(1)
 	}
-	require.Eventually(t, func() bool { return m.Stats().Queues["q"].Depth >= 20 }, wait, time.Millisecond)
+	confirmedSince(declared)
 	close(stop)
 	wg.Wait()
 	stopWithin(t, m)

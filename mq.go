@@ -167,6 +167,15 @@ type MQ struct {
 	// and returned by Shutdown. Added under the queue's lock, so that each
 	// is counted by strand or by an abort, never both.
 	stranded atomic.Int64
+	// transit counts the dead letters on their way from a queue that no
+	// longer holds them to the dead-letter exchange's queues: expired by
+	// the scheduler (expireHead), evicted by a publish or a restore
+	// (DropHead). Added under the source queue's lock as the message leaves
+	// it, and ended (transitDone) once the dead letter is in its targets or
+	// dropped, so that a stopping MQ, which reads it holding every queue's
+	// lock, never closes a target before it arrives. (A worker's dead
+	// letters need no count: its queue is busy until it is done.)
+	transit atomic.Int64
 	// late is closed when one of the MQ's goroutines enters user code after
 	// the deadline's abort (see settleBegin): a Shutdown that found nothing
 	// lost and waits for the stop then returns rather than wait for it.
@@ -803,19 +812,30 @@ func (m *MQ) finishNew() {
 func (m *MQ) drain(queues []*queue) {
 	id := m.own.Enter()
 	defer m.own.Leave(id)
-wait:
-	for !quiescent(queues) {
-		select {
-		case <-m.idle:
-		case <-m.aborted:
-			break wait
-		}
-	}
 	// What waits in a queue that no consumer takes (it has none, or is
 	// paused) stays there, as in a broker: undelivered, logged, and
 	// returned by Shutdown (a durable queue's stay in the log: not lost).
-	for _, q := range queues {
-		if n := q.strand(); n > 0 {
+	var stranded []int
+wait:
+	for {
+		var ok bool
+		if stranded, ok = m.quiesce(queues); ok {
+			break
+		}
+		select {
+		case <-m.idle:
+		case <-m.aborted:
+			// An abort counts what the queues hold; strand counts what
+			// a queue it has not reached yet holds, never both.
+			stranded = make([]int, len(queues))
+			for i, q := range queues {
+				stranded[i] = q.strand()
+			}
+			break wait
+		}
+	}
+	for i, q := range queues {
+		if n := stranded[i]; n > 0 {
 			if q.cfg.durable {
 				m.logAttrs(slog.LevelWarn, "tinymq: stopped with messages in a queue that no consumer takes; they stay in the log for the next start", func(a []slog.Attr) []slog.Attr {
 					return append(a, slog.String("queue", q.name), slog.Int("count", n))
@@ -846,28 +866,52 @@ wait:
 	close(m.done)
 }
 
-// quiescent reports whether every queue is empty and idle. A first pass looks
-// at one queue at a time and usually stops at the first busy one; only when
-// all looked idle does it check again holding all their locks at once (in id
-// order), so that no message moves between queues meanwhile.
-func quiescent(queues []*queue) bool {
+// quiesce reports whether every queue is empty and idle, with no dead
+// letter on its way between them, and if so strands, at that same instant,
+// what waits in the queues that no consumer takes (see queue.strandLocked),
+// and returns how many per queue: once it is done, no message moves any
+// more. A first pass looks at one queue at a time and usually stops at the
+// first busy one; only when all looked idle does it check again holding all
+// their locks at once (in id order), so that no message moves between
+// queues meanwhile: an expiry cannot take a stranded queue's head between
+// the check and the strand, nor a dead letter reach a queue stranded before
+// it.
+func (m *MQ) quiesce(queues []*queue) ([]int, bool) {
 	for _, q := range queues {
 		q.mu.Lock()
 		idle := q.quiescentLocked()
 		q.mu.Unlock()
 		if !idle {
-			return false
+			return nil, false
 		}
 	}
 	for _, q := range queues {
 		q.mu.Lock()
 	}
-	ok := true
+	ok := m.transit.Load() == 0
 	for _, q := range queues {
 		ok = ok && q.quiescentLocked()
+	}
+	var stranded []int
+	if ok {
+		stranded = make([]int, len(queues))
+		for i, q := range queues {
+			stranded[i] = q.strandLocked()
+		}
 	}
 	for _, q := range queues {
 		q.mu.Unlock()
 	}
-	return ok
+	return stranded, ok
+}
+
+// transitDone ends the transit of n dead letters (see MQ.transit), and
+// wakes a stopping MQ that waits for them.
+func (m *MQ) transitDone(n int) {
+	if m.transit.Add(-int64(n)) == 0 {
+		select {
+		case m.idle <- struct{}{}:
+		default:
+		}
+	}
 }

@@ -937,6 +937,75 @@ func TestShutdownReportsWhatWaitsInAQueueThatNoConsumerTakes(t *testing.T) {
 	}
 }
 
+// A graceful stop waits for the dead letters on their way from a queue that
+// no longer holds them to the dead-letter exchange's queues: a message that
+// expires at the head of a queue no consumer takes, or that a publish
+// evicts from a full DropHead queue, as the stop begins. Each is delivered
+// to the dead-letter queue's consumer or stranded and returned by Shutdown,
+// never dropped because the stop closed its target.
+func TestStopWaitsForDeadLettersOnTheirWay(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opt  func(run int) tinymq.QueueOption
+		pubs bool // a publisher goroutine races the stop
+	}{
+		{"expired at the head", func(run int) tinymq.QueueOption {
+			return tinymq.WithMessageTTL(time.Duration(1+run%40) * 5 * time.Microsecond) // around the stop's own time
+		}, false},
+		{"evicted by a publish", func(int) tinymq.QueueOption { return tinymq.WithMaxLen(2, tinymq.DropHead) }, true},
+	} {
+		for _, consumed := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s, dead letters consumed %v", tc.name, consumed), func(t *testing.T) {
+				for i := range 300 {
+					m := tinymq.New(quiet())
+					// A filter that yields widens the window between a dead
+					// letter's leaving its queue and its arrival.
+					require.NoError(t, m.DeclareQueue("dead", "dlx", tinymq.Fanout, tinymq.WithFilter(func(*tinymq.Msg) bool {
+						runtime.Gosched()
+						return true
+					})))
+					var got atomic.Uint64
+					if consumed {
+						_, err := m.Consume("dead", func(context.Context, *tinymq.Msg) error {
+							got.Add(1)
+							return nil
+						}, 1)
+						require.NoError(t, err)
+					}
+					require.NoError(t, m.DeclareQueue("src", "ev", tinymq.Fanout, tc.opt(i), tinymq.WithDeadLetter("dlx", "")))
+					require.NoError(t, m.Start(context.Background()))
+					for j := range 5 {
+						require.NoError(t, m.Publish("ev", j))
+					}
+					published := make(chan struct{})
+					go func() {
+						defer close(published)
+						for tc.pubs && m.Publish("ev", 0) == nil {
+						}
+					}()
+					err := m.Shutdown(context.Background())
+					<-published
+					src, dead := m.Stats().Queues["src"], m.Stats().Queues["dead"]
+					require.Zero(t, src.Dropped, "run %d: a dead letter was dropped by the stop: %+v", i, src)
+					require.Equal(t, src.DeadLettered, dead.Accepted, "run %d", i)
+					if consumed {
+						require.Equal(t, dead.Accepted, got.Load(), "run %d: every dead letter reached the consumer", i)
+					} else {
+						require.Equal(t, dead.Accepted, dead.Undelivered, "run %d: every dead letter was stranded", i)
+					}
+					if src.Undelivered+dead.Undelivered > 0 {
+						require.ErrorIs(t, err, tinymq.ErrUndelivered, "run %d", i)
+					} else {
+						require.NoError(t, err, "run %d", i)
+					}
+					assertLedger(t, "src", src)
+					assertLedger(t, "dead", dead)
+				}
+			})
+		}
+	}
+}
+
 func TestStopReleasesBlockedPublishers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})

@@ -108,6 +108,7 @@ var promises = []struct {
 	{"Stop and Shutdown stop accepting at once (ErrStopped; blocked publishers are released), deliver everything already accepted, including delayed and retrying messages and dead letters, and wait for every worker", []string{
 		"TestStopReleasesBlockedPublishers", "TestStopIsIdempotentAndConcurrent", "TestShutdownReturnsNilWhenDrained",
 		"TestTypedFormsRetriesWaitingAtStopOrShutdown", "TestHandlerStopAndShutdown",
+		"TestStopWaitsForDeadLettersOnTheirWay", "TestStopWaitsForADeadLetterOnItsWayIntoAQueueWithNoConsumer",
 	}},
 	{"Shutdown(ctx) when ctx ends first cancels the consumers' context, drops what no worker has begun, and returns an error wrapping ErrUndelivered and ctx.Err()", []string{
 		"TestShutdownDeadlineCancelsConsumersAndCountsUndelivered", "TestShutdownCountsScheduledMessagesAsUndelivered",
@@ -122,7 +123,7 @@ var promises = []struct {
 	// Run-time topology (in memory)
 	{"DeclareQueue declares a named queue with no consumer: its messages wait, under its TTL, length limit and head expiry, and Stop counts what still waits as undelivered", []string{
 		"TestDeclaredQueueKeepsMessagesUnderItsLimits", "TestConsumeDeliversTheBacklogOfADeclaredQueue",
-		"TestStopCountsWhatReachesAQueueWithNoConsumerWhileStopping", "TestStopRacingPublishersIntoAQueueWithNoConsumerEnds",
+		"TestStopWaitsForADeadLetterOnItsWayIntoAQueueWithNoConsumer", "TestStopRacingPublishersIntoAQueueWithNoConsumerEnds",
 		"TestStopEndsWhenTheLastMessageExpiresAtTheHead", "TestShutdownReportsWhatWaitsInAQueueThatNoConsumerTakes",
 	}},
 	{"DeclareQueue again with the same settings returns nil and adds the binding if it is new; with other settings it returns ErrDuplicateQueue and changes nothing; RegisterQueue is a declare and a consumer until Stop", []string{
@@ -143,7 +144,7 @@ var promises = []struct {
 	}},
 	{"PurgeQueue removes the waiting messages (ready, delayed, backing off), not those in a consumer, and returns how many", []string{
 		"TestPurgeQueueRemovesWhatWaitsNotWhatIsInAConsumer", "TestPurgeOrDeleteReleasesPublishersBlockedOnTheQueue",
-		"TestRetryPurgedBeforeItReachedTheSchedulerReleasesItsGroupAtOnce",
+		"TestRetryPurgedBeforeItReachedTheSchedulerReleasesItsGroupAtOnce", "TestPurgeRacingRetriesAndDelaysLeavesNoneBehind",
 	}},
 	{"Unbind removes that binding, and a missing binding is not an error; DeleteExchange removes an exchange and its bindings, the queues stay (IfUnused: ErrInUse while it has bindings)", []string{
 		"TestUnbindRemovesThatBindingOnly", "TestDeleteExchangeRemovesItAndItsBindings",

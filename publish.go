@@ -178,10 +178,13 @@ type eviction struct {
 	m *Msg
 }
 
+// settleEvicted dead-letters what DropHead evicted, with reason maxlen, and
+// ends each one's transit (see MQ.transit).
 func settleEvicted(evs []eviction) {
 	for _, e := range evs {
 		e.q.c.overflowed.Add(1)
 		e.q.deadLetter(e.m, ReasonMaxLen, nil)
+		e.q.mq.transitDone(1)
 	}
 }
 

@@ -288,6 +288,9 @@ func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration,
 		return nil, 0, err
 	}
 	evicted, wake := q.enqueueLocked(e, now, delay, ttl)
+	if evicted != nil {
+		q.mq.transit.Add(1) // until settleEvicted dead-letters it
+	}
 	expiry := q.armExpiryLocked()
 	gen = q.gen
 	if inbound {
@@ -472,6 +475,8 @@ func (q *queue) expireHead() {
 		// and dead-lettering them runs user code.
 		q.mq.settleBegin()
 		defer q.mq.settling.Add(-1)
+		q.mq.transit.Add(int64(len(dead)))
+		defer q.mq.transitDone(len(dead))
 		q.freeRoomLocked()
 		// The expiry may have taken what a stopping MQ was waiting for,
 		// from under a worker that was woken for it and will find nothing
@@ -527,6 +532,11 @@ func (q *queue) parkedLocked() bool {
 func (q *queue) strand() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.strandLocked()
+}
+
+// strandLocked is strand with q.mu held.
+func (q *queue) strandLocked() int {
 	if q.aborted || !q.parkedLocked() {
 		return 0
 	}
@@ -833,6 +843,7 @@ func (q *queue) restore(entries iter.Seq2[entry, int64], now int64) (evicted []e
 		}
 		q.buf.push(e)
 	}
+	q.mq.transit.Add(int64(len(evicted))) // until unlock dead-letters them (settleEvicted)
 	expiry := q.armExpiryLocked()
 	q.mu.Unlock()
 	q.wakeAfter(false, expiry)
