@@ -107,7 +107,9 @@ func WithBindingArgs(args map[string]any) BindingOption {
 // after the binding has matched. keep runs on the publisher's goroutine with the
 // queue's copy of the message; it must be fast and safe for concurrent use. A
 // message that every matching queue filters out is unroutable. A panic in keep
-// makes Publish return an error wrapping a [*PanicError].
+// makes Publish return an error wrapping a [*PanicError]. For a dead letter,
+// keep runs on a goroutine of the MQ's, and a panic or a runtime.Goexit in it
+// drops that dead letter (logged, and counted in [QueueStats].Dropped).
 func WithFilter(keep func(*Msg) bool) QueueOption {
 	return queueOptionFunc(func(c *queueConfig) error {
 		if keep == nil {

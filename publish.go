@@ -2,6 +2,7 @@ package tinymq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -267,7 +268,15 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 			}
 			m.mu.RUnlock()
 			r.userCode()
-			n, err := runFilters(dst, msgs)
+			// A dead letter's filters run on a goroutine of their own: the
+			// goroutine that dead-letters (the scheduler, a worker, the
+			// publisher settling an eviction) must go on whatever a filter
+			// does, runtime.Goexit included.
+			var own *guard.Owned
+			if internal {
+				own = &m.own
+			}
+			n, err := runFilters(dst, msgs, own)
 			m.mu.RLock()
 			if err != nil {
 				m.mu.RUnlock()
@@ -375,12 +384,20 @@ func (r *records) groupMsgFor(q *queue) *Msg {
 
 // runFilters keeps, at the front of dst and msgs, the queues whose filter (if
 // any) keeps the message, and returns how many. A panic in a filter is
-// returned as an error.
-func runFilters(dst []*queue, msgs []*Msg) (int, error) {
+// returned as an error. With own, each filter runs on a goroutine of its own
+// (see guard.Owned.Guard), and a runtime.Goexit in it is returned as an
+// error too; without, on the caller's.
+func runFilters(dst []*queue, msgs []*Msg, own *guard.Owned) (int, error) {
 	n := 0
 	for i, q := range dst {
 		if q.cfg.filter != nil {
-			keep, err := runFilter(q.cfg.filter, msgs[i])
+			var keep bool
+			var err error
+			if own == nil {
+				keep, err = runFilter(q.cfg.filter, msgs[i])
+			} else if _, returned := own.Guard(func() { keep, err = runFilter(q.cfg.filter, msgs[i]) }); !returned {
+				err = errFilterGoexit
+			}
 			if err != nil {
 				return 0, err
 			}
@@ -558,6 +575,8 @@ func evictedSelf(evs []eviction, m *Msg) bool {
 	}
 	return false
 }
+
+var errFilterGoexit = errors.New("tinymq: a queue's filter called runtime.Goexit")
 
 // runFilter calls a queue's filter, turning a panic into an error.
 func runFilter(keep func(*Msg) bool, msg *Msg) (ok bool, err error) {

@@ -1019,6 +1019,55 @@ var scenarios = map[string]func(t *testing.T){
 		assert.ErrorIs(t, m.Publish("ev", 1), tinymq.ErrStopped, "Stop began while the filter ran")
 		m.Stop()
 	},
+	"dead-letter filter calls runtime.Goexit": func(t *testing.T) {
+		// The dead letters of an expiry (on the scheduler's goroutine) and of
+		// an eviction (on the publisher's) meet a filter that calls Goexit
+		// on every third message: the goroutine that dead-letters goes on,
+		// the dead letter is dropped and counted, and the MQ still stops.
+		var calls atomic.Int64
+		m := tinymq.New(quiet())
+		got := make(chan *tinymq.Msg, 100)
+		require.NoError(t, m.DeclareQueue("dead", "dlx", tinymq.Fanout, tinymq.WithFilter(func(*tinymq.Msg) bool {
+			if calls.Add(1)%3 == 1 {
+				runtime.Goexit()
+			}
+			return true
+		})))
+		_, err := m.Consume("dead", sink(got), 1)
+		require.NoError(t, err)
+		require.NoError(t, m.DeclareQueue("expires", "ev", tinymq.Fanout, tinymq.WithMessageTTL(time.Millisecond), tinymq.WithDeadLetter("dlx", "")))
+		require.NoError(t, m.DeclareQueue("full", "ev", tinymq.Fanout, tinymq.WithMaxLen(1, tinymq.DropHead), tinymq.WithDeadLetter("dlx", "")))
+		delayed := make(chan *tinymq.Msg, 10)
+		require.NoError(t, m.RegisterQueue("later", tinymq.Fanout, sink(delayed), 1, tinymq.WithQueueName("later")))
+		require.NoError(t, m.Start(context.Background()))
+		for i := range 6 {
+			published := make(chan error, 1)
+			go func() { published <- m.Publish("ev", i) }() // evicts the one before from full
+			select {
+			case err := <-published:
+				require.NoError(t, err)
+			case <-time.After(wait):
+				t.Fatal("a publish whose eviction met the filter's Goexit neither returned nor ended")
+			}
+		}
+		require.Eventually(t, func() bool {
+			st := m.Stats().Queues
+			return st["expires"].Expired == 6 && st["full"].Overflowed == 5 &&
+				st["expires"].DeadLettered+st["expires"].Dropped == 6 && st["full"].DeadLettered+st["full"].Dropped == 5
+		}, wait, time.Millisecond, "every dead letter is delivered or dropped")
+		// The scheduler still runs: a delayed message arrives.
+		require.NoError(t, m.Publish("later", "late", tinymq.WithDelay(time.Millisecond)))
+		recv(t, delayed, 1)
+		stopWithin(t, m)
+		st := m.Stats().Queues
+		dropped := st["expires"].Dropped + st["full"].Dropped
+		assert.NotZero(t, dropped, "the filter's Goexit drops its dead letter")
+		assert.Equal(t, st["expires"].DeadLettered+st["full"].DeadLettered, st["dead"].Accepted)
+		assert.Equal(t, st["dead"].Accepted, uint64(len(got)))
+		for _, name := range []string{"dead", "expires", "full", "later"} {
+			assertLedger(t, name, st[name])
+		}
+	},
 	"filter panics with a sentinel-free value": func(t *testing.T) {
 		m := tinymq.New()
 		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1,
