@@ -36,6 +36,7 @@ type recorder struct {
 	want int
 	done chan struct{}
 	fail func(n int, attempt int) error // nil: succeed
+	mq   *tinymq.MQ                     // if set, waitAll logs its Stats when it times out
 }
 
 func newRecorder(want int) *recorder {
@@ -102,6 +103,11 @@ func (r *recorder) waitAll(t *testing.T) {
 		// its scheduler, the log's writer) in CI's log.
 		buf := make([]byte, 1<<20)
 		t.Logf("goroutines at the timeout:\n%s", buf[:runtime.Stack(buf, true)])
+		if r.mq != nil {
+			for name, q := range r.mq.Stats().Queues {
+				t.Logf("queue %s at the timeout: %+v", name, q)
+			}
+		}
 		t.Fatalf("only %d of %d deliveries arrived", len(r.snapshot()), r.want)
 	}
 }

@@ -139,7 +139,6 @@ func TestRestoredExpiredDeadLetteredWithData(t *testing.T) {
 			require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, blocker, 1, tinymq.WithQueueName("q"), tinymq.WithDurable()))
 			require.NoError(t, m.Start(context.Background()))
 			require.NoError(t, m.Publish("ev", -1)) // held in the consumer
-			start := time.Now()
 			for i := range 50 {
 				opts := []tinymq.PublishOption{tinymq.WithRoutingKey(fmt.Sprint("rk", i)), tinymq.WithHeaders(map[string]any{"n": int64(i)})}
 				if i%2 == 0 {
@@ -147,8 +146,11 @@ func TestRestoredExpiredDeadLetteredWithData(t *testing.T) {
 				}
 				require.NoError(t, m.Publish("ev", i, opts...))
 			}
+			// Every TTL counts from before the last Publish returned,
+			// however long the publishes took under load.
+			published := time.Now()
 			require.ErrorIs(t, shutdownShort(t, m, 30*time.Millisecond), tinymq.ErrUndelivered)
-			<-time.After(time.Until(start.Add(450 * time.Millisecond))) // the TTLs pass (time, not synchronisation)
+			<-time.After(time.Until(published.Add(450 * time.Millisecond))) // the TTLs pass (time, not synchronisation)
 
 			dead := newRecorder(25)
 			live := newRecorder(26)
@@ -157,6 +159,7 @@ func TestRestoredExpiredDeadLetteredWithData(t *testing.T) {
 			require.NoError(t, m2.RegisterQueue("ev", tinymq.Fanout, live.consumer(t), conc, tinymq.WithQueueName("q"), tinymq.WithDurable(),
 				tinymq.WithDeadLetter("dlx", "")))
 			require.NoError(t, m2.Start(context.Background()))
+			dead.mq, live.mq = m2, m2
 			dead.waitAll(t)
 			live.waitAll(t)
 			stopWithin(t, m2)
@@ -187,9 +190,9 @@ func TestRestoredExpiredDeadLetteredWithData(t *testing.T) {
 	}
 	t.Run("queue TTL on restore", func(t *testing.T) {
 		dir := t.TempDir()
-		start := time.Now()
 		leaveBacklog(t, dir, 0, 30)
-		<-time.After(time.Until(start.Add(300 * time.Millisecond)))
+		left := time.Now() // after every message's publish
+		<-time.After(time.Until(left.Add(300 * time.Millisecond)))
 		dead := newRecorder(30)
 		m2 := tinymq.New(tinymq.WithDataDir(dir))
 		require.NoError(t, m2.RegisterQueue("dlx", tinymq.Fanout, dead.consumer(t), 1, tinymq.WithQueueName("dead"), tinymq.WithDurable()))
