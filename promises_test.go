@@ -109,6 +109,7 @@ var promises = []struct {
 		"TestStopReleasesBlockedPublishers", "TestStopIsIdempotentAndConcurrent", "TestShutdownReturnsNilWhenDrained",
 		"TestTypedFormsRetriesWaitingAtStopOrShutdown", "TestHandlerStopAndShutdown",
 		"TestStopWaitsForDeadLettersOnTheirWay", "TestStopWaitsForADeadLetterOnItsWayIntoAQueueWithNoConsumer",
+		"TestStopEndsWhileMessagesCycleThroughAQueueThatNoConsumerTakes",
 	}},
 	{"Shutdown(ctx) when ctx ends first cancels the consumers' context, drops what no worker has begun, and returns an error wrapping ErrUndelivered and ctx.Err()", []string{
 		"TestShutdownDeadlineCancelsConsumersAndCountsUndelivered", "TestShutdownCountsScheduledMessagesAsUndelivered",

@@ -446,11 +446,22 @@ func (q *queue) armExpiryLocked() int64 {
 		return 0
 	}
 	at := h.expiresAt()
-	if at == 0 || (q.expiryAt != 0 && q.expiryAt <= at) {
+	if at == 0 || (q.expiryAt != 0 && q.expiryAt <= at) || q.stillLocked() {
 		return 0
 	}
 	q.expiryAt = at
 	return at
+}
+
+// stillLocked reports whether the queue holds still: the MQ is stopping and
+// no consumer takes its messages (it has none, or is paused; nothing can
+// change that once the stop began). Its messages then no longer expire, and
+// wait for the stop to strand them: messages cycling through it (a retry
+// loop through a queue with a TTL and no consumer, dead-lettering back)
+// would otherwise keep the MQ busy, and the stop waiting, for good. q.mu is
+// held.
+func (q *queue) stillLocked() bool {
+	return q.stopping && q.parkedLocked()
 }
 
 // expireHead dead-letters the expired messages at the head of buf, as
@@ -461,7 +472,7 @@ func (q *queue) expireHead() {
 	var dead []*Msg
 	q.mu.Lock()
 	q.expiryAt = 0
-	for !q.aborted {
+	for !q.aborted && !q.stillLocked() {
 		h := q.buf.peek()
 		if h == nil || h.expiresAt() == 0 || h.expiresAt() > now {
 			break
