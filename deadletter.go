@@ -65,10 +65,15 @@ func (q *queue) leftOnDisk(m *Msg, err error) bool {
 
 // deadLetter publishes m to the queue's dead-letter exchange, or drops it when
 // there is none or it cannot route m, and logs which with the reason and the
-// consumer's last error (cause). Either way m has reached its end here.
-func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
-	if q.leftOnDisk(m, cause) || !q.load(m) {
-		return
+// consumer's last error (cause). Either way m has reached its end here. It
+// reports whether a Shutdown deadline's abort ended m: left on disk, or
+// dropped after it.
+func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) (aborted bool) {
+	if q.leftOnDisk(m, cause) {
+		return true
+	}
+	if !q.load(m) {
+		return false
 	}
 	death := Death{Reason: reason, Exchange: m.Exchange, Queue: q.name, RoutingKey: m.RoutingKey,
 		Attempts: m.Attempt, Count: 1, MessageID: m.ID, Time: time.Now()}
@@ -103,10 +108,11 @@ func (q *queue) deadLetter(m *Msg, reason DeathReason, cause error) {
 		q.c.deadLettered.Add(1)
 		q.logFailure(m, cause, slog.LevelWarn, "tinymq: message dead-lettered", reasonAttr,
 			slog.String("dead_letter_exchange", q.cfg.dlx))
-		return
+		return false
 	}
 	q.c.dropped.Add(1)
 	q.logFailure(m, cause, slog.LevelError, "tinymq: message dropped", reasonAttr, slog.String("drop_cause", err.Error()))
+	return q.mq.pastDeadline()
 }
 
 var (

@@ -176,6 +176,12 @@ type MQ struct {
 	// lock, never closes a target before it arrives. (A worker's dead
 	// letters need no count: its queue is busy until it is done.)
 	transit atomic.Int64
+	// lostLate counts the messages that failed before a Shutdown deadline
+	// (so that its abort did not count them in a consumer) and that the
+	// abort then kept from their end: a retry refused, a dead letter
+	// dropped or left on disk (see queue.fail). abortAll reads it after
+	// settling.
+	lostLate atomic.Int64
 	// late is closed when one of the MQ's goroutines enters user code after
 	// the deadline's abort (see settleBegin): a Shutdown that found nothing
 	// lost and waits for the stop then returns rather than wait for it.
@@ -568,7 +574,9 @@ func (m *MQ) Stop() {
 // a consumer then return when the consumer does; call Stop to wait for them. A
 // message that a worker had begun when ctx ended counts as in a consumer, even
 // if its consumer call begins just after (with the consumers' context already
-// cancelled). Consumer calls that [WithDeliveryTimeout] abandoned are waited
+// cancelled); so does one whose failure came just before ctx ended and whose
+// retry or dead letter the deadline then stopped. Consumer calls that
+// [WithDeliveryTimeout] abandoned are waited
 // for like workers: if some still run when ctx ends, Shutdown returns an error
 // wrapping ctx.Err() that counts them (wrapping ErrUndelivered only if
 // messages were lost too), though their messages were settled at their
@@ -748,7 +756,20 @@ func (m *MQ) abortAll() abortTally {
 	// goroutine is counted here. Once the deadline has passed, waiting for
 	// the stop would wait for that user code, which may block for good.
 	total.settling = uint64(max(m.settling.Load(), 0))
+	// After settling: a worker counts a message lost late before it leaves
+	// settling, so that it is counted here or its worker was above.
+	total.inConsumers += uint64(max(m.lostLate.Load(), 0))
 	return total
+}
+
+// pastDeadline reports whether a Shutdown deadline's abort has begun.
+func (m *MQ) pastDeadline() bool {
+	select {
+	case <-m.aborted:
+		return true
+	default:
+		return false
+	}
 }
 
 // logLost logs, with msg, what abort left undelivered in each queue.

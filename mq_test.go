@@ -1198,6 +1198,40 @@ func TestHealthSaysWhetherTheMQIsReady(t *testing.T) {
 	assert.ErrorIs(t, m.Health(), tinymq.ErrStopped)
 }
 
+// A Shutdown deadline that stops a message's retry (its failure counted
+// just before the deadline, its retry refused just after) never returns nil:
+// the message is counted in its error, with ErrUndelivered, or its worker is
+// counted as still settling; never silently lost.
+func TestShutdownDeadlineThatStopsARetryNeverReturnsNil(t *testing.T) {
+	counts := regexp.MustCompile(`(\d+) never reached a consumer, (\d+) were in consumers`)
+	for trial := range 300 {
+		m := tinymq.New(quiet())
+		require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+			return errors.New("again")
+		}, 1, tinymq.WithQueueName("q"),
+			tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 1 << 30, InitialBackoff: time.Microsecond, MaxBackoff: time.Microsecond})))
+		require.NoError(t, m.Start(context.Background()))
+		require.NoError(t, m.Publish("ev", 1))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		err := m.Shutdown(ctx)
+		cancel()
+		stopWithin(t, m)
+		st := m.Stats().Queues["q"]
+		assertLedger(t, "q", st)
+		require.Equal(t, uint64(1), st.Undelivered, "trial %d: the retrying message is lost to the deadline", trial)
+		require.Error(t, err, "trial %d: Shutdown returned nil with a message undelivered", trial)
+		if errors.Is(err, tinymq.ErrUndelivered) {
+			c := counts.FindStringSubmatch(err.Error())
+			require.NotNil(t, c, "trial %d: %v", trial, err)
+			never, _ := strconv.Atoi(c[1])
+			in, _ := strconv.Atoi(c[2])
+			require.Equal(t, 1, never+in, "trial %d: counted once: %v", trial, err)
+		} else {
+			require.Contains(t, err.Error(), "1 of the MQ's goroutines", "trial %d: %v", trial, err)
+		}
+	}
+}
+
 // A Shutdown whose deadline has passed counts each accepted message once:
 // either no worker had begun it (never reached a consumer) or a worker had
 // (in a consumer), even when the deadline falls between the worker's begin

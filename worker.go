@@ -208,26 +208,49 @@ func (q *queue) expireBegun(w *worker, m *Msg) {
 
 // fail is settle, but for the group: it reports whether m waits for a retry.
 func (q *queue) fail(m *Msg, err error) (retrying bool) {
+	// The failure is counted under q.mu, so that a Shutdown deadline's abort
+	// (see inHandLocked) either counts m in a consumer or comes after its
+	// failure (early): m's end is then decided after its failure was
+	// counted, and an end that the abort causes (the retry refused, the
+	// dead letter dropped or left on disk) is counted in lostLate for
+	// Shutdown, which no longer counts m in a consumer.
+	q.mu.Lock()
 	q.c.failed.Add(1)
+	early := !q.aborted
+	q.mu.Unlock()
 	m.ext().lastErr = err
 	if q.leftOnDisk(m, err) {
+		q.lostLate(early)
 		return false
 	}
 	if q.removedInFlight(m, err) {
 		return false
 	}
 	if m.Attempt < q.cfg.retry.MaxAttempts && !guard.Is(err, ErrPermanent) {
-		return q.retryLater(m, err)
+		retrying, lost := q.retryLater(m, err)
+		q.lostLate(early && lost)
+		return retrying
 	}
-	q.deadLetter(m, ReasonRejected, err)
+	lost := q.deadLetter(m, ReasonRejected, err)
+	q.lostLate(early && lost)
 	return false
 }
 
+// lostLate counts, if lost, a message that failed before a Shutdown
+// deadline and that the deadline's abort then kept from its end: Shutdown
+// reads it after the settling workers (see abortAll).
+func (q *queue) lostLate(lost bool) {
+	if lost {
+		q.mq.lostLate.Add(1)
+	}
+}
+
 // retryLater schedules m for its next attempt after its backoff, and reports
-// whether it did (a deleted, aborted or full queue ends m instead). The retry
-// delivers a copy of m, as the consumer left it, so that a consumer that kept
-// m does not see it change.
-func (q *queue) retryLater(m *Msg, err error) bool {
+// whether it did (a deleted, aborted or full queue ends m instead), and
+// whether m was lost to a Shutdown deadline's abort. The retry delivers a
+// copy of m, as the consumer left it, so that a consumer that kept m does
+// not see it change.
+func (q *queue) retryLater(m *Msg, err error) (retrying, lost bool) {
 	backoff := q.cfg.retry.backoff(m.Attempt)
 	next := m.clone()
 	if k := m.dkey(); k != "" {
@@ -238,15 +261,14 @@ func (q *queue) retryLater(m *Msg, err error) bool {
 	switch {
 	case gone:
 		q.removeInFlight(m, err)
-		return false
+		return false, false
 	case aborted:
 		q.c.undelivered.Add(1)
 		q.logFailure(m, err, slog.LevelError, "tinymq: delivery failed, no retry after the shutdown deadline")
-		return false
+		return false, true
 	case overflow != nil:
 		q.c.overflowed.Add(1)
-		q.deadLetter(m, ReasonMaxLen, err)
-		return false
+		return false, q.deadLetter(m, ReasonMaxLen, err)
 	}
 	q.c.retried.Add(1)
 	q.logFailure(m, err, slog.LevelInfo, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
@@ -254,7 +276,7 @@ func (q *queue) retryLater(m *Msg, err error) bool {
 		q.c.overflowed.Add(1)
 		q.deadLetter(evicted, ReasonMaxLen, nil)
 	}
-	return true
+	return true, false
 }
 
 // logFailure logs what became of m, with err, the consumer's error (if any).
