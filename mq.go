@@ -176,6 +176,10 @@ type MQ struct {
 	// lock, never closes a target before it arrives. (A worker's dead
 	// letters need no count: its queue is busy until it is done.)
 	transit atomic.Int64
+	// evicting is the part of transit that DropHead evicted: dead letters
+	// settled on a publisher's goroutine (or a restore's caller), which,
+	// unlike the scheduler's, is not counted in settling.
+	evicting atomic.Int64
 	// lostLate counts the messages that failed before a Shutdown deadline
 	// (so that its abort did not count them in a consumer) and that the
 	// abort then kept from their end: a retry refused, a dead letter
@@ -581,7 +585,8 @@ func (m *MQ) Stop() {
 // wrapping ctx.Err() that counts them (wrapping ErrUndelivered only if
 // messages were lost too), though their messages were settled at their
 // deadlines; so are the MQ's own goroutines still in user code (a logger, a
-// dead-letter filter or codec) for a message that had reached its end, or that
+// dead-letter filter or codec) for a message that had reached its end or for
+// a dead letter on its way (which Stop waits for), or that
 // enter user code after the deadline (the stop's last log lines, a line of the
 // write-ahead log's): a blocked logger never holds Shutdown past its deadline.
 // If nothing was lost (nothing waited, no consumer was running, no abandoned
@@ -759,6 +764,11 @@ func (m *MQ) abortAll() abortTally {
 	// After settling: a worker counts a message lost late before it leaves
 	// settling, so that it is counted here or its worker was above.
 	total.inConsumers += uint64(max(m.lostLate.Load(), 0))
+	// An evicted dead letter on its way (see transit) is in user code or
+	// about to be (a filter, a logger), as a goroutine in settling is (the
+	// scheduler's expired ones are counted there); none begins once the
+	// queues are aborted.
+	total.settling += uint64(max(m.evicting.Load(), 0))
 	return total
 }
 
@@ -880,6 +890,13 @@ wait:
 	}
 	close(m.schedQuit)
 	m.wg.Wait()
+	// After a deadline's abort, a dead letter may still be on its way (an
+	// eviction settled on a publisher's goroutine, in a filter that
+	// blocks): the stop ends once it has reached its end. (A graceful stop
+	// found none, and none can begin after it.)
+	for m.transit.Load() > 0 {
+		<-m.idle
+	}
 	m.closeLog()
 	m.waitLogs()
 	m.cancel()
@@ -927,6 +944,15 @@ func (m *MQ) quiesce(queues []*queue) ([]int, bool) {
 		q.mu.Unlock()
 	}
 	return stranded, ok
+}
+
+// evictedInTransit counts n messages that DropHead evicted as dead letters on their
+// way (see transit and evicting). The caller holds the queue's lock.
+func (m *MQ) evictedInTransit(n int) {
+	if n > 0 {
+		m.transit.Add(int64(n))
+		m.evicting.Add(int64(n))
+	}
 }
 
 // transitDone ends the transit of n dead letters (see MQ.transit), and

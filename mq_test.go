@@ -1041,6 +1041,54 @@ func TestStopEndsWhileMessagesCycleThroughAQueueThatNoConsumerTakes(t *testing.T
 	assertLedger(t, "wait", st["wait"])
 }
 
+// A Shutdown deadline that passes while a dead letter is on its way (an
+// eviction settled by the publisher, held in the dead-letter queue's filter)
+// does not return nil, and the Stop after it waits until that dead letter
+// has reached its end: every accepted message is then accounted for.
+func TestStopAfterAShutdownDeadlineWaitsForADeadLetterOnItsWay(t *testing.T) {
+	m := tinymq.New(quiet())
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
+	require.NoError(t, m.DeclareQueue("dead", "dlx", tinymq.Fanout, tinymq.WithFilter(func(*tinymq.Msg) bool {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-release
+		return true
+	})))
+	require.NoError(t, m.DeclareQueue("src", "ev", tinymq.Fanout, tinymq.WithMaxLen(1, tinymq.DropHead), tinymq.WithDeadLetter("dlx", "")))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("ev", 1))
+	published := make(chan error, 1)
+	go func() { published <- m.Publish("ev", 2) }() // evicts 1, whose dead letter waits in the filter
+	recv(t, entered, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err := m.Shutdown(ctx)
+	require.Error(t, err, "a dead letter was on its way")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	stopped := make(chan struct{})
+	go func() {
+		m.Stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+		t.Fatalf("Stop returned with the dead letter still on its way: %+v", m.Stats().Queues["src"])
+	case <-time.After(50 * time.Millisecond): // it waits
+	}
+	open()
+	closedWithin(t, stopped, "Stop")
+	require.NoError(t, <-published)
+	st := m.Stats().Queues
+	assertLedger(t, "src", st["src"])
+	assertLedger(t, "dead", st["dead"])
+	assert.Equal(t, uint64(1), st["src"].Overflowed)
+	assert.Equal(t, uint64(1), st["src"].Dropped+st["src"].DeadLettered)
+}
+
 func TestStopReleasesBlockedPublishers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})

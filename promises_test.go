@@ -115,7 +115,7 @@ var promises = []struct {
 		"TestShutdownDeadlineCancelsConsumersAndCountsUndelivered", "TestShutdownCountsScheduledMessagesAsUndelivered",
 		"TestShutdownDeadlineClearsScheduledMessages", "TestShutdownOfAnIdleMQWithAnEndedContextIsClean",
 		"TestShutdownDeadlineCountsAMessageBegunJustBeforeIt", "TestAbortCountsAMessageBegunButNotYetDeliveredAsInHand",
-		"TestShutdownDeadlineThatStopsARetryNeverReturnsNil",
+		"TestShutdownDeadlineThatStopsARetryNeverReturnsNil", "TestStopAfterAShutdownDeadlineWaitsForADeadLetterOnItsWay",
 	}},
 	{"Cancelling the context given to Start stops as Stop does; Stop before Start drops what was published and logs how much", []string{
 		"TestCancellingStartContextStopsLikeStop", "TestStopBeforeStart", "TestPublishBeforeStartIsDeliveredAfterStart",

@@ -185,6 +185,7 @@ func settleEvicted(evs []eviction) {
 	for _, e := range evs {
 		e.q.c.overflowed.Add(1)
 		e.q.deadLetter(e.m, ReasonMaxLen, nil)
+		e.q.mq.evicting.Add(-1)
 		e.q.mq.transitDone(1)
 	}
 }

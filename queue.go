@@ -289,7 +289,7 @@ func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration,
 	}
 	evicted, wake := q.enqueueLocked(e, now, delay, ttl)
 	if evicted != nil {
-		q.mq.transit.Add(1) // until settleEvicted dead-letters it
+		q.mq.evictedInTransit(1) // until settleEvicted dead-letters it
 	}
 	expiry := q.armExpiryLocked()
 	gen = q.gen
@@ -854,7 +854,7 @@ func (q *queue) restore(entries iter.Seq2[entry, int64], now int64) (evicted []e
 		}
 		q.buf.push(e)
 	}
-	q.mq.transit.Add(int64(len(evicted))) // until unlock dead-letters them (settleEvicted)
+	q.mq.evictedInTransit(len(evicted)) // until unlock dead-letters them (settleEvicted)
 	expiry := q.armExpiryLocked()
 	q.mu.Unlock()
 	q.wakeAfter(false, expiry)
