@@ -547,7 +547,8 @@ func (m *MQ) Health() error {
 // waits for messages delayed or backing off too. What waits in a queue that
 // no consumer takes (it has none, or is paused) is not waited for: it stays
 // there, counted undelivered (a durable queue's stay in the log), and from
-// the moment the stop begins it no longer expires. Then every worker has
+// the moment the stop begins it no longer expires or is evicted by a length
+// limit. Then every worker has
 // returned and Stop cancels the consumers' context. It waits, too, for the
 // consumer calls that [WithDeliveryTimeout] abandoned (their contexts ended
 // at their deadlines) to return. It blocks for as long as that takes; use

@@ -1007,38 +1007,49 @@ func TestStopWaitsForDeadLettersOnTheirWay(t *testing.T) {
 }
 
 // A stop ends while messages cycle through a queue that no consumer takes:
-// here the classic retry loop, a consumer that always fails dead-letters
-// into a queue with a TTL and no consumer, which dead-letters back when the
-// TTL passes. Once the stop begins, that queue holds still (its messages no
-// longer expire), the rest drains into it, and the stop strands what it
-// holds, counted and returned by Shutdown.
+// the classic retry loop, a consumer that always fails dead-letters into a
+// queue with no consumer, which dead-letters back when the TTL passes or
+// when DropHead evicts for the next one. Once the stop begins, that queue
+// holds still (its messages no longer expire, its limit no longer evicts),
+// the rest drains into it, and the stop strands what it holds, counted and
+// returned by Shutdown.
 func TestStopEndsWhileMessagesCycleThroughAQueueThatNoConsumerTakes(t *testing.T) {
-	m := tinymq.New(quiet())
-	require.NoError(t, m.RegisterQueue("work", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
-		return errors.New("poison")
-	}, 2, tinymq.WithQueueName("work"), tinymq.WithDeadLetter("wait", ""),
-		tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, Jitter: 1})))
-	require.NoError(t, m.DeclareQueue("wait", "wait", tinymq.Fanout, tinymq.WithMessageTTL(time.Millisecond),
-		tinymq.WithDeadLetter("work", "")))
-	require.NoError(t, m.Start(context.Background()))
-	for i := range 50 {
-		require.NoError(t, m.Publish("work", i))
+	for _, tc := range []struct {
+		name  string
+		opt   tinymq.QueueOption
+		stats func(tinymq.QueueStats) uint64
+	}{
+		{"TTL", tinymq.WithMessageTTL(time.Millisecond), func(s tinymq.QueueStats) uint64 { return s.Expired }},
+		{"DropHead", tinymq.WithMaxLen(5, tinymq.DropHead), func(s tinymq.QueueStats) uint64 { return s.Overflowed }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := tinymq.New(quiet())
+			require.NoError(t, m.RegisterQueue("work", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+				return errors.New("poison")
+			}, 2, tinymq.WithQueueName("work"), tinymq.WithDeadLetter("wait", ""),
+				tinymq.WithRetry(tinymq.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, Jitter: 1})))
+			require.NoError(t, m.DeclareQueue("wait", "wait", tinymq.Fanout, tc.opt, tinymq.WithDeadLetter("work", "")))
+			require.NoError(t, m.Start(context.Background()))
+			for i := range 50 {
+				require.NoError(t, m.Publish("work", i))
+			}
+			require.Eventually(t, func() bool { return tc.stats(m.Stats().Queues["wait"]) >= 100 }, wait, time.Millisecond, "the messages cycle")
+			stopped := make(chan error, 1)
+			go func() { stopped <- m.Shutdown(context.Background()) }()
+			var err error
+			select {
+			case err = <-stopped:
+			case <-time.After(wait):
+				buf := make([]byte, 1<<20)
+				t.Fatalf("the stop did not end: %+v\n%s", m.Stats().Queues, buf[:runtime.Stack(buf, true)])
+			}
+			st := m.Stats().Queues
+			require.ErrorIs(t, err, tinymq.ErrUndelivered)
+			assert.Equal(t, uint64(50), st["wait"].Undelivered, "every message ended in the queue that holds still")
+			assertLedger(t, "work", st["work"])
+			assertLedger(t, "wait", st["wait"])
+		})
 	}
-	require.Eventually(t, func() bool { return m.Stats().Queues["wait"].Expired >= 100 }, wait, time.Millisecond, "the messages cycle")
-	stopped := make(chan error, 1)
-	go func() { stopped <- m.Shutdown(context.Background()) }()
-	var err error
-	select {
-	case err = <-stopped:
-	case <-time.After(wait):
-		buf := make([]byte, 1<<20)
-		t.Fatalf("the stop did not end: %+v\n%s", m.Stats().Queues, buf[:runtime.Stack(buf, true)])
-	}
-	st := m.Stats().Queues
-	require.ErrorIs(t, err, tinymq.ErrUndelivered)
-	assert.Equal(t, uint64(50), st["wait"].Undelivered, "every message ended in the queue that holds still")
-	assertLedger(t, "work", st["work"])
-	assertLedger(t, "wait", st["wait"])
 }
 
 // A Shutdown deadline that passes while a dead letter is on its way (an

@@ -332,7 +332,7 @@ func (q *queue) wakeAfter(wake bool, expiry int64) {
 // any, and whether a parked worker should be woken. An entry with a TTL or a
 // delay owns its Msg (plain entries have neither).
 func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) (evicted *Msg, wake bool) {
-	if q.fullLocked() { // DropHead
+	if q.fullLocked() && !q.stillLocked() { // DropHead; a queue that holds still keeps what comes
 		if q.buf.n > 0 {
 			h := q.popLocked()
 			evicted = h.msg(q.name)
@@ -455,11 +455,12 @@ func (q *queue) armExpiryLocked() int64 {
 
 // stillLocked reports whether the queue holds still: the MQ is stopping and
 // no consumer takes its messages (it has none, or is paused; nothing can
-// change that once the stop began). Its messages then no longer expire, and
-// wait for the stop to strand them: messages cycling through it (a retry
-// loop through a queue with a TTL and no consumer, dead-lettering back)
-// would otherwise keep the MQ busy, and the stop waiting, for good. q.mu is
-// held.
+// change that once the stop began). Its messages then no longer expire, nor
+// does DropHead evict one for a dead letter that arrives (the queue keeps
+// it, past its limit), and they wait for the stop to strand them: messages
+// cycling through it (a retry loop through a queue with a TTL or a length
+// limit and no consumer, dead-lettering back) would otherwise keep the MQ
+// busy, and the stop waiting, for good. q.mu is held.
 func (q *queue) stillLocked() bool {
 	return q.stopping && q.parkedLocked()
 }
