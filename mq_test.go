@@ -1257,6 +1257,57 @@ func TestHealthSaysWhetherTheMQIsReady(t *testing.T) {
 	assert.ErrorIs(t, m.Health(), tinymq.ErrStopped)
 }
 
+// gateCodec is JSONCodec, except that its Marshal of the string "gate"
+// says so on entered and waits for release.
+type gateCodec struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (c gateCodec) Marshal(v any) ([]byte, error) {
+	if s, ok := v.(string); ok && s == "gate" {
+		c.entered <- struct{}{}
+		<-c.release
+	}
+	return tinymq.JSONCodec{}.Marshal(v)
+}
+
+func (gateCodec) Unmarshal(b []byte, v any) error { return tinymq.JSONCodec{}.Unmarshal(b, v) }
+
+func (gateCodec) ContentType() string { return "application/json" }
+
+// A Shutdown deadline that passes while a dead letter is being written to a
+// durable queue counts that message once: its goroutine is still in user
+// code (here the codec), and it is not also counted as never having reached
+// a consumer (it did; the abort then closes the log, and the dead letter is
+// dropped where it died).
+func TestShutdownDeadlineCountsADeadLetterBeingLoggedOnce(t *testing.T) {
+	codec := gateCodec{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	open := sync.OnceFunc(func() { close(codec.release) })
+	t.Cleanup(open)
+	m := tinymq.New(quiet(), tinymq.WithDataDir(t.TempDir()), tinymq.WithCodec(codec))
+	require.NoError(t, m.DeclareQueue("dead", "dlx", tinymq.Fanout, tinymq.WithDurable()))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		return tinymq.Permanent(errors.New("no"))
+	}, 1, tinymq.WithQueueName("work"), tinymq.WithDeadLetter("dlx", "")))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("ev", "gate"))
+	recv(t, codec.entered, 1) // its dead letter is being encoded for the log
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	defer cancel()
+	err := m.Shutdown(ctx)
+	open()
+	stopWithin(t, m)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, tinymq.ErrUndelivered, "nothing waited undelivered: %v", err)
+	assert.Contains(t, err.Error(), "1 of the MQ's goroutines still run")
+	st := m.Stats().Queues
+	assertLedger(t, "work", st["work"])
+	assertLedger(t, "dead", st["dead"])
+	assert.Equal(t, uint64(1), st["work"].Delivered)
+	assert.Equal(t, uint64(1), st["work"].Dropped+st["work"].DeadLettered+st["dead"].Undelivered)
+}
+
 // A Shutdown deadline that stops a message's retry (its failure counted
 // just before the deadline, its retry refused just after) never returns nil:
 // the message is counted in its error, with ErrUndelivered, or its worker is

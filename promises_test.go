@@ -116,6 +116,7 @@ var promises = []struct {
 		"TestShutdownDeadlineClearsScheduledMessages", "TestShutdownOfAnIdleMQWithAnEndedContextIsClean",
 		"TestShutdownDeadlineCountsAMessageBegunJustBeforeIt", "TestAbortCountsAMessageBegunButNotYetDeliveredAsInHand",
 		"TestShutdownDeadlineThatStopsARetryNeverReturnsNil", "TestStopAfterAShutdownDeadlineWaitsForADeadLetterOnItsWay",
+		"TestShutdownDeadlineCountsADeadLetterBeingLoggedOnce",
 	}},
 	{"Cancelling the context given to Start stops as Stop does; Stop before Start drops what was published and logs how much", []string{
 		"TestCancellingStartContextStopsLikeStop", "TestStopBeforeStart", "TestPublishBeforeStartIsDeliveredAfterStart",

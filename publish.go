@@ -496,7 +496,7 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 			refused = err
 			continue
 		}
-		unreserve(adm, false)
+		unreserve(adm, false, false)
 		m.mu.RUnlock()
 		return room, err
 	}
@@ -512,13 +512,13 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 	logged := m.dur != nil && (m.dur.reserveDue(ex, id) || slices.ContainsFunc(adm, func(q *queue) bool { return q.cfg.durable }))
 	if logged {
 		for _, q := range adm {
-			q.holdInbound()
+			q.holdInbound(internal)
 		}
 		m.mu.RUnlock()
 		r.userCode() // the codec, a logger
 		if err := m.logMessage(ex, id, now, adm, amsgs, r.data, pc, r.deaths, dl); err != nil {
 			ex.refused.Add(1)
-			unreserve(adm, true)
+			unreserve(adm, true, internal)
 			return nil, err
 		}
 	} else {
@@ -526,7 +526,7 @@ func (m *MQ) enqueueAdmitted(r *records, dst []*queue, msgs []*Msg, dl *deadLett
 	}
 	taken := 0
 	for i, q := range adm {
-		ev, gen, err := q.acceptReserved(newEntry(amsgs[i], id, r.data), now, pc.delay, pc.ttl, logged)
+		ev, gen, err := q.acceptReserved(newEntry(amsgs[i], id, r.data), now, pc.delay, pc.ttl, logged, internal)
 		if ev != nil {
 			r.evicted = append(r.evicted, eviction{q, ev})
 		}
@@ -607,9 +607,9 @@ func (m *MQ) reserveIDsIfLogged(ex *exchange, id uint64) {
 
 // unreserve gives back the room the queues held for a message they will not
 // get.
-func unreserve(qs []*queue, inbound bool) {
+func unreserve(qs []*queue, inbound, dead bool) {
 	for _, q := range qs {
-		q.unreserve(inbound)
+		q.unreserve(inbound, dead)
 	}
 }
 

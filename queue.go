@@ -73,6 +73,7 @@ type queue struct {
 	expiryAt    int64           // when the scheduler checks the head for expiry; 0: no check pending
 	reserved    int             // room held for publishes between reserve and acceptReserved
 	inbound     int             // admitted publishes writing to the log without the MQ's lock: not quiescent
+	inboundDead int             // of those, dead letters (see abort)
 	abortLost   uint64          // what abort counted as undelivered, for drain to log
 	abortBegun  uint64          // the workers' begins (q.left's included) that abort read, setting abortBit
 	left        retiredCounts   // what the workers that left counted
@@ -234,7 +235,7 @@ func (q *queue) reserve(internal bool) (room <-chan struct{}, err error) {
 
 // unreserve gives back room that reserve held, and the hold of holdInbound
 // when inbound.
-func (q *queue) unreserve(inbound bool) {
+func (q *queue) unreserve(inbound, dead bool) {
 	if q.cfg.maxLen == 0 && !inbound {
 		return // reserve held nothing
 	}
@@ -244,7 +245,7 @@ func (q *queue) unreserve(inbound bool) {
 		q.freeRoomLocked()
 	}
 	if inbound {
-		q.inbound--
+		q.endInboundLocked(dead)
 		q.inboundArrivedLocked()
 		q.reportIfQuiescentLocked()
 	}
@@ -261,13 +262,13 @@ func (q *queue) unreserve(inbound bool) {
 // returns errAbortedUndelivered (a durable one is delivered after a
 // restart); a deleted queue counts it as accepted and removed, as the
 // delete counted what it held, and returns errRemovedOnArrival.
-func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration, inbound bool) (evicted *Msg, gen uint32, err error) {
+func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration, inbound, dead bool) (evicted *Msg, gen uint32, err error) {
 	q.mu.Lock()
 	if q.cfg.maxLen > 0 {
 		q.reserved--
 	}
 	if inbound {
-		q.inbound--
+		q.endInboundLocked(dead)
 	}
 	if q.closed {
 		switch {
@@ -578,10 +579,22 @@ func (q *queue) strandLocked() int {
 // read lock to write the log: until acceptReserved or unreserve, a stopping
 // MQ waits for it as for a message in the queue, so that Stop still sees
 // each publish completely or not at all.
-func (q *queue) holdInbound() {
+// dead marks a dead letter of the MQ's own (see abort).
+func (q *queue) holdInbound(dead bool) {
 	q.mu.Lock()
 	q.inbound++
+	if dead {
+		q.inboundDead++
+	}
 	q.mu.Unlock()
+}
+
+// endInboundLocked ends the hold of holdInbound. q.mu is held.
+func (q *queue) endInboundLocked(dead bool) {
+	q.inbound--
+	if dead {
+		q.inboundDead--
+	}
 }
 
 // release moves a message that the scheduler found due into buf, unless a
@@ -715,8 +728,12 @@ func (q *queue) abort() (undelivered, running uint64) {
 	q.freeRoomLocked()
 	undelivered = q.entered - begun
 	q.abortLost = undelivered
-	inbound := uint64(q.inbound) // acceptReserved counts them when they come
-	running = q.inHandLocked()   // no worker can begin any more
+	// acceptReserved counts them when they come. Not the dead letters: the
+	// goroutine that dead-letters one is counted in the MQ's settling (or
+	// evicting) until it is done, and its end is counted where it died
+	// (dropped, should its log write fail after the abort closed the log).
+	inbound := uint64(q.inbound - q.inboundDead)
+	running = q.inHandLocked() // no worker can begin any more
 	q.mu.Unlock()
 	q.cond.Broadcast()
 	q.mq.sched.dropQueue(q)
