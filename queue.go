@@ -74,6 +74,7 @@ type queue struct {
 	reserved    int             // room held for publishes between reserve and acceptReserved
 	inbound     int             // admitted publishes writing to the log without the MQ's lock: not quiescent
 	inboundDead int             // of those, dead letters (see abort)
+	failing     int             // failures whose end is not decided yet: in hand (see queue.fail)
 	abortLost   uint64          // what abort counted as undelivered, for drain to log
 	abortBegun  uint64          // the workers' begins (q.left's included) that abort read, setting abortBit
 	left        retiredCounts   // what the workers that left counted
@@ -638,8 +639,11 @@ func (q *queue) release(m *Msg, gen uint32) {
 // would: DropHead evicts its oldest ready message; otherwise the retry itself
 // cannot wait and is returned as overflow. After abort it is undelivered;
 // after a delete (gone), removed.
-func (q *queue) schedule(m *Msg, backoff time.Duration) (evicted, overflow *Msg, aborted, gone bool) {
+func (q *queue) schedule(m *Msg, backoff time.Duration, held bool) (evicted, overflow *Msg, aborted, gone bool) {
 	q.mu.Lock()
+	if held {
+		q.failing-- // decided here (see queue.fail)
+	}
 	if q.aborted || q.gone {
 		q.mu.Unlock()
 		return nil, nil, q.aborted, q.gone
@@ -747,7 +751,8 @@ func (q *queue) abort() (undelivered, running uint64) {
 // counted as delivered is not missed. q.mu is held.
 //
 // The begins are read before the ends, and the failures (counted per
-// queue) last. Once the queue is aborted, the begins are those abort read
+// queue) last; a failure whose end is not decided yet (failing: its retry
+// not yet scheduled) is still in hand. Once the queue is aborted, the begins are those abort read
 // as it set abortBit: a worker's count goes on rising after that, by
 // begins that were refused, so it is not read again. The ends read are
 // then those of messages whose begins were counted, and the result is
@@ -767,7 +772,7 @@ func (q *queue) inHandLocked() uint64 {
 	}
 	// Signed: while workers still begin, an end read after its begin was
 	// missed can make the difference negative.
-	return uint64(max(int64(begun)-int64(ended)-int64(q.c.failed.Load()), 0))
+	return uint64(max(int64(begun)-int64(ended)-int64(q.c.failed.Load())+int64(q.failing), 0))
 }
 
 // inHand is inHandLocked, taking q.mu.

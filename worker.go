@@ -208,37 +208,55 @@ func (q *queue) expireBegun(w *worker, m *Msg) {
 
 // fail is settle, but for the group: it reports whether m waits for a retry.
 func (q *queue) fail(m *Msg, err error) (retrying bool) {
-	// The failure is counted under q.mu, so that a Shutdown deadline's abort
-	// (see inHandLocked) either counts m in a consumer or comes after its
-	// failure (early): m's end is then decided after its failure was
-	// counted, and an end that the abort causes (the retry refused, the
-	// dead letter dropped or left on disk) is counted in lostLate for
-	// Shutdown, which no longer counts m in a consumer.
+	// The failure is counted under q.mu, and m stays in hand for a Shutdown
+	// deadline's abort (q.failing, see inHandLocked) until its end is
+	// decided under q.mu too: left on disk or removed (the abort, or the
+	// delete, came), or its retry scheduled or refused (see schedule). A
+	// dead letter's end is decided in its target queues: m leaves failing
+	// just before, and should the abort come in between and the dead
+	// letter be dropped because of it, m is counted in lostLate.
 	q.mu.Lock()
 	q.c.failed.Add(1)
-	early := !q.aborted
+	held := !q.aborted
+	if held {
+		q.failing++
+	}
 	q.mu.Unlock()
 	m.ext().lastErr = err
 	if q.leftOnDisk(m, err) {
-		q.lostLate(early)
+		q.endFailing(held)
 		return false
 	}
 	if q.removedInFlight(m, err) {
+		q.endFailing(held)
 		return false
 	}
 	if m.Attempt < q.cfg.retry.MaxAttempts && !guard.Is(err, ErrPermanent) {
-		retrying, lost := q.retryLater(m, err)
-		q.lostLate(early && lost)
-		return retrying
+		return q.retryLater(m, err, held)
 	}
+	counted := q.endFailing(held)
 	lost := q.deadLetter(m, ReasonRejected, err)
-	q.lostLate(early && lost)
+	q.lostLate(held && !counted && lost)
 	return false
 }
 
+// endFailing takes m out of failing, if held there (see fail), and reports
+// whether an abort came meanwhile, and so counted m in hand.
+func (q *queue) endFailing(held bool) (counted bool) {
+	if !held {
+		return false
+	}
+	q.mu.Lock()
+	q.failing--
+	counted = q.aborted
+	q.mu.Unlock()
+	return counted
+}
+
 // lostLate counts, if lost, a message that failed before a Shutdown
-// deadline and that the deadline's abort then kept from its end: Shutdown
-// reads it after the settling workers (see abortAll).
+// deadline, left failing before the abort, and whose dead letter the abort
+// then kept from its end: Shutdown reads it after the settling workers (see
+// abortAll).
 func (q *queue) lostLate(lost bool) {
 	if lost {
 		q.mq.lostLate.Add(1)
@@ -246,29 +264,31 @@ func (q *queue) lostLate(lost bool) {
 }
 
 // retryLater schedules m for its next attempt after its backoff, and reports
-// whether it did (a deleted, aborted or full queue ends m instead), and
-// whether m was lost to a Shutdown deadline's abort. The retry delivers a
-// copy of m, as the consumer left it, so that a consumer that kept m does
-// not see it change.
-func (q *queue) retryLater(m *Msg, err error) (retrying, lost bool) {
+// whether it did (a deleted, aborted or full queue ends m instead). held
+// says that m is in failing (see fail), which schedule ends. The retry
+// delivers a copy of m, as the consumer left it, so that a consumer that
+// kept m does not see it change.
+func (q *queue) retryLater(m *Msg, err error, held bool) bool {
 	backoff := q.cfg.retry.backoff(m.Attempt)
 	next := m.clone()
 	if k := m.dkey(); k != "" {
 		q.mq.dur.saveState(q.name, k, queueState{attempt: m.Attempt,
 			dueAt: deadline(time.Now(), backoff), lastErr: guard.ErrorText(err)})
 	}
-	evicted, overflow, aborted, gone := q.schedule(next, backoff)
+	evicted, overflow, aborted, gone := q.schedule(next, backoff, held)
 	switch {
 	case gone:
 		q.removeInFlight(m, err)
-		return false, false
+		return false
 	case aborted:
+		// The abort counted m in hand (in failing, or not yet failed).
 		q.c.undelivered.Add(1)
 		q.logFailure(m, err, slog.LevelError, "tinymq: delivery failed, no retry after the shutdown deadline")
-		return false, true
+		return false
 	case overflow != nil:
 		q.c.overflowed.Add(1)
-		return false, q.deadLetter(m, ReasonMaxLen, err)
+		q.deadLetter(m, ReasonMaxLen, err)
+		return false
 	}
 	q.c.retried.Add(1)
 	q.logFailure(m, err, slog.LevelInfo, "tinymq: delivery failed, will retry", slog.Duration("backoff", backoff))
@@ -276,7 +296,7 @@ func (q *queue) retryLater(m *Msg, err error) (retrying, lost bool) {
 		q.c.overflowed.Add(1)
 		q.deadLetter(evicted, ReasonMaxLen, nil)
 	}
-	return true, false
+	return true
 }
 
 // logFailure logs what became of m, with err, the consumer's error (if any).
