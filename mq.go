@@ -590,9 +590,9 @@ func (m *MQ) Stop() {
 // a dead letter on its way (which Stop waits for), or that
 // enter user code after the deadline (the stop's last log lines, a line of the
 // write-ahead log's): a blocked logger never holds Shutdown past its deadline.
-// A worker still settling a failure at the deadline (its retry or dead
-// letter not yet decided) is counted the same way; its message may then end
-// undelivered (counted in Stats, logged).
+// A worker still dead-lettering a failed message at the deadline is counted
+// the same way; that dead letter may then be dropped (counted in Stats,
+// logged).
 // If nothing was lost (nothing waited, no consumer was running, no abandoned
 // call and no such goroutine), Shutdown returns nil even when ctx had ended.
 // Shutdown before Start drops what was published and returns an error wrapping
