@@ -181,10 +181,10 @@ type MQ struct {
 	// unlike the scheduler's, is not counted in settling.
 	evicting atomic.Int64
 	// lostLate counts the messages that failed before a Shutdown deadline
-	// (so that its abort did not count them in a consumer) and that the
-	// abort then kept from their end: a retry refused, a dead letter
-	// dropped or left on disk (see queue.fail). abortAll reads it after
-	// settling.
+	// and were being dead-lettered when it came (so that its abort did not
+	// count them in a consumer: see queue.fail), and whose dead letter the
+	// abort then kept from its end (dropped, or left on disk). abortAll
+	// reads it after settling.
 	lostLate atomic.Int64
 	// late is closed when one of the MQ's goroutines enters user code after
 	// the deadline's abort (see settleBegin): a Shutdown that found nothing
