@@ -396,8 +396,8 @@ func runFilters(dst []*queue, msgs []*Msg, own *guard.Owned) (int, error) {
 			var err error
 			if own == nil {
 				keep, err = runFilter(q.cfg.filter, msgs[i])
-			} else if _, returned := own.Guard(func() { keep, err = runFilter(q.cfg.filter, msgs[i]) }); !returned {
-				err = errFilterGoexit
+			} else {
+				keep, err = runFilterGuarded(own, q.cfg.filter, msgs[i])
 			}
 			if err != nil {
 				return 0, err
@@ -578,6 +578,17 @@ func evictedSelf(evs []eviction, m *Msg) bool {
 }
 
 var errFilterGoexit = errors.New("tinymq: a queue's filter called runtime.Goexit")
+
+// runFilterGuarded is runFilter on a goroutine of own's (see
+// guard.Owned.Guard), with a runtime.Goexit turned into an error too. (A
+// function of its own, so that what its closure shares escapes only here,
+// not on a Publish's path.)
+func runFilterGuarded(own *guard.Owned, keep func(*Msg) bool, msg *Msg) (ok bool, err error) {
+	if _, returned := own.Guard(func() { ok, err = runFilter(keep, msg) }); !returned {
+		return false, errFilterGoexit
+	}
+	return ok, err
+}
 
 // runFilter calls a queue's filter, turning a panic into an error.
 func runFilter(keep func(*Msg) bool, msg *Msg) (ok bool, err error) {
