@@ -843,10 +843,12 @@ func (m *MQ) finishNew() {
 	close(m.done)
 }
 
-// drain waits until no queue has work left, all at one instant (a consumer
-// may still dead-letter into a queue that was idle), closes the queues and the
-// scheduler, waits for every worker, and closes done. After an abort it logs
-// what was dropped.
+// drain waits until no queue has work left and no dead letter is on its way,
+// all at one instant (a consumer may still dead-letter into a queue that was
+// idle), strands at that instant what waits in the queues that no consumer
+// takes (see quiesce), closes the queues and the scheduler, waits for every
+// worker, and closes done. After an abort it logs what was dropped, and
+// waits for the dead letters still on their way before it closes done.
 func (m *MQ) drain(queues []*queue) {
 	id := m.own.Enter()
 	defer m.own.Leave(id)

@@ -469,7 +469,9 @@ func (q *queue) stillLocked() bool {
 
 // expireHead dead-letters the expired messages at the head of buf, as
 // RabbitMQ does when a message's TTL passes at the head of its queue, even
-// while every consumer is busy. The scheduler calls it.
+// while every consumer is busy; not in a queue that holds still during a
+// stop (see stillLocked). The scheduler calls it. The dead letters count in
+// the MQ's transit until they have landed.
 func (q *queue) expireHead() {
 	now := time.Now().UnixNano()
 	var dead []*Msg
