@@ -60,7 +60,7 @@ type queue struct {
 	gen         uint32          // purges and deletes so far: a scheduler item of an older gen is gone
 	purgeGen    uint32          // gen right after the last purge: an item older than it was the purge's (see release)
 	idle        atomic.Int32    // workers in cond.Wait, or woken and not yet holding mu again; written under mu (see take, wakeThief)
-	waking      int             // wakes sent, or about to be, that no woken worker has taken mu for since (see wakeOneLocked)
+	waking      atomic.Int32    // wakes sent, or about to be, that no woken worker has taken mu for since (see wakeOneLocked); written under mu
 	busy        int             // workers holding a batch
 	scheduled   int             // messages waiting in the scheduler for a delay or a retry
 	stopping    bool            // the MQ is stopping: report when quiescent
@@ -385,10 +385,10 @@ func (q *queue) wakeOneLocked() bool {
 // q.mu again (see take). waking never exceeds idle, so while a wake is
 // counted, a worker is on its way back to the lock, and it looks at buf then.
 func (q *queue) wakeForLocked(n int) bool {
-	if n == 0 || q.waking > 0 || q.idle.Load() == 0 {
+	if n == 0 || q.waking.Load() > 0 || q.idle.Load() == 0 {
 		return false
 	}
-	q.waking++
+	q.waking.Add(1)
 	return true
 }
 
@@ -398,7 +398,7 @@ func (q *queue) wakeForLocked(n int) bool {
 // enqueue left to a worker already waking is passed on by that worker,
 // whatever it finds first. q.mu is held.
 func (q *queue) wakeIfWaitingLocked() bool {
-	if q.idle.Load() == 0 || q.waking > 0 {
+	if q.idle.Load() == 0 || q.waking.Load() > 0 {
 		return false
 	}
 	return q.wakeForLocked(q.buf.n + q.batchedLocked())

@@ -351,10 +351,14 @@ type worker struct {
 
 // wakeThief makes sure a worker is awake to steal the entries left in w's
 // batch, which waits to begin the next: should that message block, they
-// would wait for it while another worker sleeps. It costs an atomic load when
-// no worker is parked.
+// would wait for it while another worker sleeps. It costs atomic loads when
+// no worker is parked, or when a wake is already on its way: the woken
+// worker takes q.mu after the load saw its wake counted, so after w's batch
+// was filled, and it steals from that batch or passes the wake on (see
+// wakeIfWaitingLocked). Without that check a worker took q.mu for nearly
+// every message while the woken one waited for a CPU.
 func (q *queue) wakeThief(w *worker) {
-	if w.n-int(w.next.Load()) <= 0 || q.idle.Load() == 0 {
+	if w.n-int(w.next.Load()) <= 0 || q.idle.Load() == 0 || q.waking.Load() > 0 {
 		return
 	}
 	q.mu.Lock()
@@ -429,8 +433,8 @@ func (q *queue) take(w *worker) (entry, bool) {
 		q.idle.Add(1)
 		q.cond.Wait()
 		q.idle.Add(-1)
-		if q.waking > 0 {
-			q.waking--
+		if q.waking.Load() > 0 {
+			q.waking.Add(-1)
 		}
 	}
 }
