@@ -253,8 +253,12 @@ func BenchmarkPublishDeliver(b *testing.B) {
 // queues, 1, 2 and 4 workers on one queue (more workers must never make a
 // trivial consumer slower), and payloads of 64 B, 1 KiB and 64 KiB.
 //
-//	go test -run '^$' -bench Sweep -benchtime 100000x -count 9 . | tee sweep.txt
+//	go test -c -o tinymq.test .
+//	for i in $(seq 9); do ./tinymq.test -test.run '^$' -test.bench Sweep -test.benchtime 100000x -test.benchmem; done | tee sweep.txt
 //	benchstat -col /impl sweep.txt
+//
+// (A loop rather than -count 9, which runs each row 9 times in a row: on a
+// shared machine only rounds that alternate compare.)
 func BenchmarkSweep(b *testing.B) {
 	type row struct{ queues, workers, size int }
 	var rows []row
@@ -483,7 +487,8 @@ var latencyBase = time.Now()
 // messages. Tail latency on a shared machine swings 1x-3x from run to run:
 // judge it over 9 or more runs.
 //
-//	go test -run '^$' -bench Latency -benchtime 10000x -count 9 . | tee lat.txt
+//	go test -c -o tinymq.test .
+//	for i in $(seq 9); do ./tinymq.test -test.run '^$' -test.bench Latency -test.benchtime 10000x; done | tee lat.txt
 //	benchstat -col /impl lat.txt
 func BenchmarkLatency(b *testing.B) {
 	const rate = 20_000

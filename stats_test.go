@@ -366,6 +366,42 @@ func TestStatsReconcile(t *testing.T) {
 	})
 }
 
+// ConsumerTime times every call of a queue that is not busy (each message
+// finds its worker waiting), and a sample of the calls of a busy one.
+func TestConsumerTimeTimesEveryCallOfAQueueThatIsNotBusy(t *testing.T) {
+	for _, form := range []string{"msg", "handler"} {
+		t.Run(form, func(t *testing.T) {
+			const n = 40
+			done := make(chan struct{})
+			m := tinymq.New(quiet())
+			if form == "msg" {
+				require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+					done <- struct{}{}
+					return nil
+				}, 1, tinymq.WithQueueName("q")))
+			} else {
+				require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(context.Context, []byte) error {
+					done <- struct{}{}
+					return nil
+				}, 1, tinymq.WithQueueName("q")))
+			}
+			require.NoError(t, m.Start(context.Background()))
+			defer m.Stop()
+			for range n {
+				require.NoError(t, m.Publish("ev", []byte("x")))
+				select {
+				case <-done:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the message was not delivered within 10s")
+				}
+			}
+			m.Stop()
+			assert.Equal(t, uint64(n), m.Stats().Queues["q"].ConsumerTime.Samples,
+				"each of the %d messages found the queue idle, so each call is timed", n)
+		})
+	}
+}
+
 // QueueStats.Abandoned is bounded per subscription, each at most as many
 // abandoned calls as it has workers; a cancelled subscription's abandoned
 // calls stay counted until they return, so that the queue's count may

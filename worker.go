@@ -45,6 +45,7 @@ func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
 				returned = true
 				return
 			}
+			w.fresh = true
 		}
 		if !w.begin() {
 			w.drop() // aborted: abort counted the rest as undelivered
@@ -80,7 +81,11 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry, abandoned *boo
 		m.Attempt++
 	}
 	w.delivered.Add(1)
-	timed := w.calls%sampleEvery == 0
+	// A call that begins a take is timed, so that a queue that is not busy
+	// (a take per message) has every call timed; a worker working through
+	// whole batches times one in sampleEvery besides.
+	timed := w.fresh || w.calls%sampleEvery == 0
+	w.fresh = false
 	w.calls++
 	var start time.Time
 	if timed {
@@ -329,6 +334,7 @@ type worker struct {
 	next  atomic.Int32 // next unclaimed index: owner claims without q.mu, thieves under it
 	held  bool         // the owner counts in q.busy
 	calls int          // consumer calls, for sampling their duration
+	fresh bool         // the entry being begun is the first of a take (see deliver)
 	// seq and off place the batch in the order of buf: it is the take of
 	// number seq, from its entry off on (a thief's part of another's batch),
 	// so that entries given back (see queue.giveBackLocked) return in order.
@@ -372,6 +378,7 @@ func (q *queue) wakeThief(w *worker) {
 // false once the queue is closed and empty.
 func (q *queue) take(w *worker) (entry, bool) {
 	q.mu.Lock()
+	clear(w.batch[:w.n]) // every entry claimed: none keeps its message alive now
 	if w.held {
 		w.held = false
 		q.busy--
@@ -485,7 +492,10 @@ func (q *queue) refillLocked(w *worker) entry {
 
 // claim takes the next entry of w's own batch, without the lock. A batch
 // found exhausted by a load costs no read-modify-write: thieves only move
-// next forward.
+// next forward. The claimed slot keeps its entry until the batch is
+// exhausted: take clears the whole batch under q.mu (a thief may still be
+// copying its part until then), once per batch rather than once per
+// message.
 func (w *worker) claim() (entry, bool) {
 	if int(w.next.Load()) >= w.n {
 		return entry{}, false
@@ -494,9 +504,7 @@ func (w *worker) claim() (entry, bool) {
 	if i >= w.n {
 		return entry{}, false
 	}
-	e := w.batch[i]
-	w.batch[i] = entry{}
-	return e, true
+	return w.batch[i], true // cleared with the rest of the batch (see take)
 }
 
 // stealLocked takes into w's batch half of the entries (at least one) that
