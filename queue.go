@@ -18,10 +18,10 @@ const (
 	// abortBit marks queue.begun once Shutdown's deadline has passed.
 	abortBit = 1 << 63
 	// sampleEvery: a worker times one consumer call in sampleEvery, its first
-	// included, and the first call of each take (see deliver), since reading
-	// the clock twice costs as much as the rest of a delivery on some
-	// machines: a worker that keeps up times most calls, one that runs
-	// behind (whole batches) about one in 32.
+	// included, and every call of a message that it found alone in the
+	// queue (see deliver), since reading the clock twice costs as much as
+	// the rest of a delivery on some machines: a queue that is not busy has
+	// every call timed, a busy one about one in 64.
 	sampleEvery = 64
 )
 

@@ -45,7 +45,6 @@ func (w *worker) run(ctx context.Context, wg *sync.WaitGroup) {
 				returned = true
 				return
 			}
-			w.fresh = true
 		}
 		if !w.begin() {
 			w.drop() // aborted: abort counted the rest as undelivered
@@ -81,9 +80,9 @@ func (q *queue) deliver(ctx context.Context, w *worker, e *entry, abandoned *boo
 		m.Attempt++
 	}
 	w.delivered.Add(1)
-	// A call that begins a take is timed, so that a queue that is not busy
-	// (a take per message) has every call timed; a worker working through
-	// whole batches times one in sampleEvery besides.
+	// The call of a message that was alone in the queue is timed, so that a
+	// queue that is not busy has every call timed; others, one in
+	// sampleEvery.
 	timed := w.fresh || w.calls%sampleEvery == 0
 	w.fresh = false
 	w.calls++
@@ -334,7 +333,7 @@ type worker struct {
 	next  atomic.Int32 // next unclaimed index: owner claims without q.mu, thieves under it
 	held  bool         // the owner counts in q.busy
 	calls int          // consumer calls, for sampling their duration
-	fresh bool         // the entry being begun is the first of a take (see deliver)
+	fresh bool         // the entry being begun was alone in the queue (see refillLocked, deliver)
 	// seq and off place the batch in the order of buf: it is the take of
 	// number seq, from its entry off on (a thief's part of another's batch),
 	// so that entries given back (see queue.giveBackLocked) return in order.
@@ -476,6 +475,7 @@ func (q *queue) refillLocked(w *worker) entry {
 		k = min(max(q.buf.n/max(q.active, 1), 1), maxBatch)
 	}
 	n := q.buf.popRun(w.batch[:k])
+	w.fresh = n == 1 && q.buf.n == 0 // the queue is not busy: time the call
 	for i := range n {
 		w.ats[i] = w.batch[i].at
 	}
