@@ -139,7 +139,9 @@ type QueueStats struct {
 	TimedOut  uint64
 
 	// ConsumerTime summarizes how long the consumer took, from a sample of
-	// the calls (every call when the queue is not busy).
+	// the calls that returned (every one when the queue is not busy). A
+	// call that outlived WithDeliveryTimeout is counted in TimedOut instead,
+	// and one that ended its goroutine (runtime.Goexit) is not timed.
 	ConsumerTime DurationStats
 }
 

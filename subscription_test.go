@@ -3,6 +3,8 @@ package tinymq_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -548,6 +550,69 @@ func TestConsumeWhileWorkersWakeLosesNoWakeup(t *testing.T) {
 	}
 	for _, s := range subs {
 		cancelWithin(t, s)
+	}
+}
+
+// A subscription that leaves while messages arrive takes no wake from the
+// workers that stay: whatever a parked worker was woken for, another takes,
+// so that a slow message never holds back the ones behind it while a worker
+// of the queue is idle. The workers of a wide subscription are woken by its
+// Cancel; each that takes a wake off the queue's count must pass it on.
+func TestASubscriptionLeavingTakesNoWakeFromTheWorkersThatStay(t *testing.T) {
+	for _, workers := range []int{2, 3} {
+		t.Run(fmt.Sprint(workers, " workers"), func(t *testing.T) {
+			m := started(t)
+			declareQ(t, m, "q")
+			slowIn, release := make(chan struct{}, 1), make(chan struct{})
+			fast := make(chan struct{}, 1024)
+			consume := func(ctx context.Context, msg *tinymq.Msg) error {
+				if msg.Data.(int) < 0 { // the slow one
+					slowIn <- struct{}{}
+					<-release
+					return nil
+				}
+				fast <- struct{}{}
+				return nil
+			}
+			_, err := m.Consume("q", consume, workers)
+			require.NoError(t, err)
+			rng := rand.New(rand.NewPCG(uint64(workers), 1))
+			ended, cancel := context.WithCancel(context.Background())
+			cancel()
+			for start, round := time.Now(), 0; time.Since(start) < 3*time.Second; round++ {
+				wide, err := m.Consume("q", consume, 64+rng.IntN(512))
+				require.NoError(t, err)
+				for range rng.IntN(100) {
+					runtime.Gosched() // some of its workers park, some do not
+				}
+				_ = wide.Cancel(ended) // returns at once: its workers leave as the messages come
+				n := 4 + rng.IntN(60)
+				slowAt := rng.IntN(n)
+				for i := range n {
+					v := i
+					if i == slowAt {
+						v = -1
+					}
+					require.NoError(t, m.Publish("ev", v))
+				}
+				select {
+				case <-slowIn:
+				case <-time.After(settleWait):
+					t.Fatalf("round %d: the slow message was not delivered within %v", round, settleWait)
+				}
+				for got := 0; got < n-1; got++ {
+					select {
+					case <-fast:
+					case <-time.After(settleWait):
+						release <- struct{}{} // let the Stop of the cleanup end
+						t.Fatalf("round %d: %d of %d messages delivered in %v while one blocks and a worker is idle; %+v",
+							round, got, n-1, settleWait, m.Stats().Queues["q"])
+					}
+				}
+				release <- struct{}{}
+				cancelWithin(t, wide)
+			}
+		})
 	}
 }
 

@@ -377,7 +377,6 @@ func (q *queue) wakeThief(w *worker) {
 // false once the queue is closed and empty.
 func (q *queue) take(w *worker) (entry, bool) {
 	q.mu.Lock()
-	clear(w.batch[:w.n]) // every entry claimed: none keeps its message alive now
 	if w.held {
 		w.held = false
 		q.busy--
@@ -386,7 +385,13 @@ func (q *queue) take(w *worker) (entry, bool) {
 	for {
 		if w.sub.cancelled {
 			q.leaveLocked(w)
+			// The wake this worker may have taken off waking was counted
+			// for a worker that looks at buf and the batches: it goes to
+			// another, or messages would wait while a worker sleeps (the
+			// enqueues and thieves meanwhile saw a wake on its way).
+			wake := !q.paused && q.wakeIfWaitingLocked()
 			q.mu.Unlock()
+			q.wakeAfter(wake, 0)
 			return entry{}, false
 		}
 		// A worker that leaves entries behind, in buf or in its batch, wakes
@@ -492,10 +497,8 @@ func (q *queue) refillLocked(w *worker) entry {
 
 // claim takes the next entry of w's own batch, without the lock. A batch
 // found exhausted by a load costs no read-modify-write: thieves only move
-// next forward. The claimed slot keeps its entry until the batch is
-// exhausted: take clears the whole batch under q.mu (a thief may still be
-// copying its part until then), once per batch rather than once per
-// message.
+// next forward. The claimed slot is cleared at once, so that a long call
+// does not keep the messages consumed before it alive.
 func (w *worker) claim() (entry, bool) {
 	if int(w.next.Load()) >= w.n {
 		return entry{}, false
@@ -504,7 +507,9 @@ func (w *worker) claim() (entry, bool) {
 	if i >= w.n {
 		return entry{}, false
 	}
-	return w.batch[i], true // cleared with the rest of the batch (see take)
+	e := w.batch[i]
+	w.batch[i] = entry{}
+	return e, true
 }
 
 // stealLocked takes into w's batch half of the entries (at least one) that

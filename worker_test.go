@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -302,6 +303,46 @@ func blockedBatch(t *testing.T, conc int) {
 
 // A *PanicError returned inside an error chain is still found: its stack is
 // logged with the failure.
+// A worker keeps no message it has consumed alive: while the last message
+// of its batch is in a long call, the ones before it can be collected.
+func TestALongCallKeepsNoConsumedMessageAlive(t *testing.T) {
+	type payload struct {
+		last bool
+		_    [256]byte
+	}
+	var freed atomic.Int64
+	inside, release := make(chan struct{}, 1), make(chan struct{})
+	m := tinymq.New(quiet())
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+		if msg.Data.(*payload).last {
+			inside <- struct{}{}
+			<-release
+		}
+		return nil
+	}, 1, tinymq.WithQueueName("q")))
+	require.NoError(t, m.Start(context.Background()))
+	defer m.Stop()
+	defer close(release)
+	require.NoError(t, m.PauseQueue("q")) // so that the worker takes them as one batch
+	const n = 64
+	for i := range n {
+		p := &payload{last: i == n-1}
+		runtime.AddCleanup(p, func(*atomic.Int64) { freed.Add(1) }, &freed)
+		require.NoError(t, m.Publish("ev", p))
+	}
+	require.NoError(t, m.ResumeQueue("q"))
+	select {
+	case <-inside:
+	case <-time.After(settleWait):
+		t.Fatal("the last message was not delivered")
+	}
+	for deadline := time.Now().Add(settleWait); freed.Load() < n-1 && time.Now().Before(deadline); {
+		runtime.GC()
+		time.Sleep(time.Millisecond) // a cleanup runs on a goroutine of its own after the GC
+	}
+	assert.Equal(t, int64(n-1), freed.Load(), "payloads consumed before the long call, collected while it runs")
+}
+
 func TestPanicErrorInAnErrorChainIsLoggedWithItsStack(t *testing.T) {
 	for name, wrap := range map[string]func(error) error{
 		"%w":     func(e error) error { return fmt.Errorf("ctx: %w", e) },
