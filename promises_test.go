@@ -54,6 +54,7 @@ var promises = []struct {
 	}},
 	{"A slow message never holds back the ones taken with it in a batch while a worker is idle", []string{
 		"TestSlowMessageDoesNotHoldItsBatch", "TestBlockedBatchIsTakenByIdleWorkers",
+		"TestASubscriptionLeavingTakesNoWakeFromTheWorkersThatStay",
 		"TestIdleWorkersWakeForMessagesThatArrive", "TestIdleWorkerStealsFromABatch",
 		"TestParkedWorkerWakesAfterAStrayWake", "TestParkedWorkersWakeAfterEveryTopologyChange",
 	}},
