@@ -1006,6 +1006,54 @@ func TestStopWaitsForDeadLettersOnTheirWay(t *testing.T) {
 	}
 }
 
+// A stop waits for a dead letter on its way from a queue that no longer
+// holds it into a queue that no consumer takes (here held in the target's
+// filter): it lands, and the stop strands it there with what waits in the
+// source, and says so; it is neither dropped nor left uncounted.
+func TestStopWaitsForADeadLetterOnItsWayIntoAQueueWithNoConsumer(t *testing.T) {
+	m := tinymq.New(quiet())
+	inFilter, releaseFilter := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	openFilter := sync.OnceFunc(func() { close(releaseFilter) })
+	t.Cleanup(openFilter)
+	require.NoError(t, m.DeclareQueue("dead", "dlx", tinymq.Fanout, tinymq.WithFilter(func(*tinymq.Msg) bool {
+		once.Do(func() {
+			inFilter <- struct{}{}
+			<-releaseFilter
+		})
+		return true
+	})))
+	declareQ(t, m, "src", tinymq.WithDeadLetter("dlx", ""))
+	require.NoError(t, m.Start(context.Background()))
+	require.NoError(t, m.Publish("ev", "expires", tinymq.WithExpiration(time.Millisecond)))
+	require.NoError(t, m.Publish("ev", "waits"))
+	recv(t, inFilter, 1) // the head expired; its dead letter is in dead's filter
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- m.Shutdown(context.Background()) }()
+	select {
+	case err := <-stopped:
+		t.Fatalf("Shutdown returned %v with a dead letter on its way", err)
+	case <-time.After(20 * time.Millisecond): // the stop has begun and waits
+	}
+	openFilter()
+	var err error
+	select {
+	case err = <-stopped:
+	case <-time.After(wait):
+		t.Fatal("Shutdown did not return once the dead letter landed")
+	}
+	require.ErrorIs(t, err, tinymq.ErrUndelivered)
+	assert.Contains(t, err.Error(), "2 messages")
+	s := m.Stats().Queues
+	assertLedger(t, "src", s["src"])
+	assertLedger(t, "dead", s["dead"])
+	assert.Equal(t, uint64(1), s["src"].Undelivered)
+	assert.Equal(t, uint64(1), s["src"].DeadLettered)
+	assert.Zero(t, s["src"].Dropped)
+	assert.Equal(t, uint64(1), s["dead"].Undelivered, "the dead letter landed, and was stranded")
+}
+
 // A stop ends while messages cycle through a queue that no consumer takes:
 // the classic retry loop, a consumer that always fails dead-letters into a
 // queue with no consumer, which dead-letters back when the TTL passes or
