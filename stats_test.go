@@ -366,8 +366,8 @@ func TestStatsReconcile(t *testing.T) {
 	})
 }
 
-// ConsumerTime times every call of a queue that is not busy (each message
-// finds its worker waiting), and a sample of the calls of a busy one.
+// ConsumerTime times every call of a queue that is not busy: each message
+// is alone in the queue when its worker takes it.
 func TestConsumerTimeTimesEveryCallOfAQueueThatIsNotBusy(t *testing.T) {
 	for _, form := range []string{"msg", "handler"} {
 		t.Run(form, func(t *testing.T) {
