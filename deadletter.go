@@ -193,23 +193,24 @@ func (m *MQ) ReplayDeadLetters(queue string, n int) (int, error) {
 		return 0, fmt.Errorf("%w: ReplayDeadLetters", ErrUnsupported)
 	}
 	moved := 0
-	var kept []entry // messages with no death record, in order, to put back
+	var kept []stamped // messages with no death record, in order, to put back
 	var err error
 	for moved+len(kept) < n {
-		e, ok := q.takeHead()
+		h, ok := q.takeHead()
 		if !ok {
 			break
 		}
+		e := h.e
 		msg := e.msg(q.name)
 		if msg.x != nil && msg.x.unread {
 			if msg = msg.clone(); m.dur.read(msg) != nil {
-				q.putBack([]entry{e}) // the log failed: it stays, unread
+				q.putBack([]stamped{h}) // the log failed: it stays, unread
 				err = fmt.Errorf("%w: reading a message of %q", ErrLog, q.name)
 				break
 			}
 		}
 		if len(msg.Deaths) == 0 {
-			kept = append(kept, e)
+			kept = append(kept, h)
 			continue
 		}
 		d := msg.Deaths[0]
@@ -221,7 +222,7 @@ func (m *MQ) ReplayDeadLetters(queue string, n int) (int, error) {
 		_, perr := m.publish(d.Exchange, &r, &deadLetter{src: src, replay: true})
 		settleEvicted(r.evicted)
 		if perr != nil {
-			q.putBack([]entry{e})
+			q.putBack([]stamped{h})
 			err = fmt.Errorf("replaying message %d of %q to exchange %q: %w", msg.ID, q.name, d.Exchange, perr)
 			break
 		}
@@ -246,24 +247,23 @@ func (m *MQ) ReplayDeadLetters(queue string, n int) (int, error) {
 // takes a message: it counts as begun, and the queue as busy (so that a
 // stopping MQ waits for it) until doneHead or putBack. It reports false when
 // nothing waits, or the queue was deleted or aborted.
-func (q *queue) takeHead() (entry, bool) {
+func (q *queue) takeHead() (stamped, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
-		return entry{}, false
+		return stamped{}, false
 	}
 	q.giveBackLocked(q.workers)
 	if q.buf.n == 0 {
-		return entry{}, false
+		return stamped{}, false
 	}
 	// Not popLocked: a grouped head keeps its group until doneHead (putBack
 	// returns it to the head of buf, its group's message out still).
-	var one [1]entry
-	e := q.buf.pop(one[:0], 1)[0]
+	e, at := q.buf.popOne()
 	q.begun.Add(1)
 	q.busy++
 	q.freeRoomLocked()
-	return e, true
+	return stamped{e, at}, true
 }
 
 // doneHead ends what takeHead began, for e, a message that left the queue:
@@ -284,14 +284,14 @@ func (q *queue) doneHead(e *entry) {
 // enter it again, as a retry does. A queue deleted or aborted meanwhile could
 // not count them (they were begun), so it counts them now: removed, or
 // undelivered.
-func (q *queue) putBack(es []entry) {
+func (q *queue) putBack(es []stamped) {
 	q.mu.Lock()
 	q.busy -= len(es)
 	switch {
 	case q.gone:
 		q.c.removed.Add(uint64(len(es)))
 		for i := range es {
-			if k := es[i].dkey(); k != "" {
+			if k := es[i].e.dkey(); k != "" {
 				defer q.mq.dur.ack(q.name, k, nil) // once q.mu is released
 			}
 		}
@@ -300,7 +300,7 @@ func (q *queue) putBack(es []entry) {
 		q.abortLost += uint64(len(es))
 	default:
 		for i := len(es) - 1; i >= 0; i-- {
-			q.buf.pushFront(es[i])
+			q.buf.pushFront(es[i].e, es[i].at)
 		}
 		q.entered += uint64(len(es))
 	}

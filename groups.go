@@ -39,13 +39,13 @@ func (e *entry) group() string {
 // true: e is counted in q.grouped and the caller must not push it into buf);
 // otherwise e becomes the group's message out and the caller places it. An
 // entry without a group returns false. q.mu is held and q.cfg.groups is set.
-func (q *queue) holdGroupLocked(e entry) bool {
+func (q *queue) holdGroupLocked(e entry, at int64) bool {
 	g := e.group()
 	if g == "" {
 		return false
 	}
 	if st := q.groups[g]; st != nil {
-		st.waiting.push(e)
+		st.waiting.push(e, at)
 		q.grouped++
 		return true
 	}
@@ -69,10 +69,9 @@ func (q *queue) groupDoneLocked(g string) {
 		delete(q.groups, g)
 		return
 	}
-	var one [1]entry
-	e := st.waiting.pop(one[:0], 1)[0]
+	e, at := st.waiting.popOne()
 	q.grouped--
-	q.buf.push(e)
+	q.buf.push(e, at)
 	if q.wakeOneLocked() {
 		q.cond.Signal()
 	}
@@ -161,8 +160,7 @@ func (q *queue) evictBacklogLocked() (entry, bool) {
 			oldest = st
 		}
 	}
-	var one [1]entry
-	e := oldest.waiting.pop(one[:0], 1)[0]
+	e, _ := oldest.waiting.popOne()
 	q.grouped--
 	q.begun.Add(1)
 	return e, true

@@ -361,11 +361,11 @@ func (q *queue) enqueueLocked(e entry, now time.Time, delay, ttl time.Duration) 
 		q.scheduled++ // a grouped one finds its group's place when it is due (see release)
 		return evicted, false
 	}
-	e.at = q.mq.sched.stamp()
-	if q.cfg.groups && q.holdGroupLocked(e) {
+	at := q.mq.sched.stamp()
+	if q.cfg.groups && q.holdGroupLocked(e, at) {
 		return evicted, false // its group has a message out: it waits behind it
 	}
-	q.buf.push(e)
+	q.buf.push(e, at)
 	return evicted, q.wakeOneLocked()
 }
 
@@ -411,8 +411,7 @@ func (q *queue) wakeIfWaitingLocked() bool {
 // message out: the next of the group joins buf. q.mu is held; buf is not
 // empty.
 func (q *queue) popLocked() entry {
-	var one [1]entry
-	e := q.buf.pop(one[:0], 1)[0]
+	e, _ := q.buf.popOne()
 	q.begun.Add(1)
 	if q.cfg.groups {
 		if g := e.group(); g != "" {
@@ -625,13 +624,13 @@ func (q *queue) release(m *Msg, gen uint32) {
 		return
 	}
 	q.scheduled--
-	e := entry{m: m, at: q.mq.sched.stamp()}
-	if q.cfg.groups && m.Attempt == 0 && q.holdGroupLocked(e) {
+	e, at := entry{m: m}, q.mq.sched.stamp()
+	if q.cfg.groups && m.Attempt == 0 && q.holdGroupLocked(e, at) {
 		// A delayed message whose group has a message out: it waits behind it.
 		q.mu.Unlock()
 		return
 	}
-	q.buf.push(e)
+	q.buf.push(e, at)
 	wake := q.wakeOneLocked()
 	expiry := q.armExpiryLocked()
 	q.mu.Unlock()
@@ -868,18 +867,18 @@ func (q *queue) restore(entries iter.Seq2[entry, int64], now int64) (evicted []e
 		if due > now {
 			// A retry backing off is its group's message out; a delayed
 			// message finds its group's place when it is due (see release).
-			if q.cfg.groups && e.m.Attempt > 0 && q.holdGroupLocked(e) {
+			if q.cfg.groups && e.m.Attempt > 0 && q.holdGroupLocked(e, 0) { // stamped when it is due (see release)
 				continue
 			}
 			q.scheduled++
 			later = append(later, schedItem{due: time.Unix(0, due), q: q, m: e.m})
 			continue
 		}
-		e.at = due // when it became ready, before the restart
-		if q.cfg.groups && q.holdGroupLocked(e) {
+		// Stamped when it became ready, before the restart.
+		if q.cfg.groups && q.holdGroupLocked(e, due) {
 			continue
 		}
-		q.buf.push(e)
+		q.buf.push(e, due)
 	}
 	q.mq.evictedInTransit(len(evicted)) // until unlock dead-letters them (settleEvicted)
 	expiry := q.armExpiryLocked()

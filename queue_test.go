@@ -2,8 +2,11 @@ package tinymq
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 	"unsafe"
@@ -32,7 +35,7 @@ func TestFIFOOrderAcrossChunks(t *testing.T) {
 		for range n {
 			next++
 			m := &Msg{ID: next}
-			f.push(entry{m: m})
+			f.push(entry{m: m}, 0)
 			want = append(want, m)
 		}
 		for f.n > round {
@@ -51,7 +54,7 @@ func TestFIFOGivesMemoryBackWhenDrained(t *testing.T) {
 	var f fifo
 	const n = 100_000
 	for i := range n {
-		f.push(entry{m: &Msg{ID: uint64(i)}, data: i})
+		f.push(entry{m: &Msg{ID: uint64(i)}, data: i}, 0)
 	}
 	require.GreaterOrEqual(t, f.chunks(), n/chunkSize)
 	var batch []entry
@@ -98,7 +101,7 @@ func TestQueueGivesMemoryBackAfterDraining(t *testing.T) {
 func TestBatchIsAFairShare(t *testing.T) {
 	q := testQueue(4)
 	for i := range 400 {
-		q.buf.push(entry{m: &Msg{ID: uint64(i)}})
+		q.buf.push(entry{m: &Msg{ID: uint64(i)}}, 0)
 	}
 	take := func() int {
 		w := q.workers[0]
@@ -123,7 +126,7 @@ func TestBatchStopsBeforeAMessageWithADeadline(t *testing.T) {
 		if i == 3 || i == 4 {
 			m.x = &msgExt{expires: 1}
 		}
-		q.buf.push(entry{m: m})
+		q.buf.push(entry{m: m}, 0)
 	}
 	w := q.workers[0]
 	_, ok := q.take(w)
@@ -138,7 +141,7 @@ func TestBatchStopsBeforeAMessageWithADeadline(t *testing.T) {
 func TestIdleWorkerStealsFromABatch(t *testing.T) {
 	q := testQueue(2)
 	for i := range 8 {
-		q.buf.push(entry{m: &Msg{ID: uint64(i)}})
+		q.buf.push(entry{m: &Msg{ID: uint64(i)}}, 0)
 	}
 	a, b := q.workers[0], q.workers[1]
 	e, ok := q.take(a) // a takes a fair share (4) and claims the first
@@ -202,6 +205,15 @@ func TestPublishAllocationsDoNotGrowWithQueues(t *testing.T) {
 	assert.Equal(t, 0.0, allocs(64), "a plain fanout publish to 64 queues")
 }
 
+// pop appends the k oldest entries of f to dst; k <= f.n.
+func (f *fifo) pop(dst []entry, k int) []entry {
+	for range k {
+		e, _ := f.popOne()
+		dst = append(dst, e)
+	}
+	return dst
+}
+
 // testQueue is a queue with one subscription of n workers, never started.
 func testQueue(n int) *queue {
 	m := New()
@@ -216,18 +228,19 @@ func testQueue(n int) *queue {
 func TestFifoFloorsStayBoundedWithoutReaders(t *testing.T) {
 	var f fifo
 	m := &Msg{}
-	f.push(entry{m: m, at: 1})
+	tick := int64(clockTick) // stamps a tick apart take runs of their own
+	f.push(entry{m: m}, tick)
 	for i := range 10000 {
-		f.push(entry{m: m, at: int64(2*i + 10)})
-		f.push(entry{m: m, at: int64(2*i + 9)}) // behind a newer one: a floor
+		f.push(entry{m: m}, int64(2*i+10)*tick)
+		f.push(entry{m: m}, int64(2*i+9)*tick) // behind a newer one: a floor
 		var out [2]entry
 		f.pop(out[:0], 2) // one entry always stays: the queue never drains
 	}
 	require.Equal(t, 1, f.n)
 	assert.LessOrEqual(t, len(f.floors), 2, "floors of entries that left are forgotten")
-	f.push(entry{m: m, at: 100000})
-	f.push(entry{m: m, at: 50})
-	assert.Equal(t, int64(50), f.oldest(), "a floor behind the head is the oldest")
+	f.push(entry{m: m}, 100000*tick)
+	f.push(entry{m: m}, 50*tick)
+	assert.Equal(t, 50*tick, f.oldest(), "a floor behind the head is the oldest")
 }
 
 // A worker's batch comes out of the fifo a chunk's run at a time, in order,
@@ -237,17 +250,17 @@ func TestFifoPopRunEndsBeforeADeadline(t *testing.T) {
 	var f fifo
 	shared := &Msg{shared: true}
 	for i := range 150 {
-		f.push(entry{m: shared, id: uint64(i)})
+		f.push(entry{m: shared, id: uint64(i)}, 0)
 	}
 	dl := &Msg{ID: 150}
 	dl.ext().expires = 1
-	f.push(entry{m: dl, id: 150})
-	f.push(entry{m: shared, id: 151})
+	f.push(entry{m: dl, id: 150}, 0)
+	f.push(entry{m: shared, id: 151}, 0)
 	batch := make([]entry, maxBatch)
 	var ids []uint64
 	var sizes []int
 	for f.n > 0 {
-		n := f.popRun(batch)
+		n := f.popRun(batch, make([]int64, len(batch)))
 		require.NotZero(t, n)
 		sizes = append(sizes, n)
 		for _, e := range batch[:n] {
@@ -429,4 +442,80 @@ func TestAbortCountsAMessageBegunButNotYetDeliveredAsInHand(t *testing.T) {
 	q.mu.Lock()
 	assert.Zero(t, q.inHandLocked())
 	q.mu.Unlock()
+}
+
+// Every entry comes out of a fifo with the stamp it went in with, or an
+// older one by less than a tick of the coarse clock (the error the clock
+// itself has), whatever mix of pushes, pushes to the front and pops it went
+// through, and however many distinct stamps a chunk holds; and the oldest
+// stamp is never younger than the oldest entry's.
+func TestFifoKeepsEachEntrysStampWithinATick(t *testing.T) {
+	tick := int64(clockTick)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var f fifo
+	var model []int64 // the true stamps, head first
+	now := int64(1 << 40)
+	check := func(got, want int64, what string) {
+		t.Helper()
+		if got > want || want-got >= tick {
+			t.Fatalf("%s: stamp %d for an entry stamped %d", what, got, want)
+		}
+	}
+	ats := make([]int64, maxBatch)
+	batch := make([]entry, maxBatch)
+	spilled := 0 // chunks that ran out of runs
+	for step := range 200_000 {
+		r := rng.IntN(10)
+		if step%20_000 < 10_000 && r >= 7 && rng.IntN(3) > 0 {
+			r = 0 // a backlog builds up, across chunks, then drains
+		}
+		switch {
+		case r < 5: // publish: mostly within a tick of the last, at times a tick or more later
+			if rng.IntN(4) == 0 {
+				now += tick + rng.Int64N(3*tick)
+			} else {
+				now += rng.Int64N(tick / 100)
+			}
+			f.push(entry{m: &Msg{}}, now)
+			model = append(model, now)
+		case r < 6: // a late joiner behind newer entries (a floor)
+			at := now - rng.Int64N(5*tick)
+			f.push(entry{m: &Msg{}}, at)
+			model = append(model, at)
+		case r < 7 && len(model) > 0:
+			if rng.IntN(2) == 0 { // taken and given back, as a worker gives back its batch: with the stamp it carried
+				e, at := f.popOne()
+				check(at, model[0], "popOne")
+				f.pushFront(e, at)
+				model[0] = at
+			}
+			if rng.IntN(2) == 0 { // one older before them all, as a retry
+				at := model[0] - rng.Int64N(3*tick)
+				f.pushFront(entry{m: &Msg{}}, at)
+				model = append([]int64{at}, model...)
+			}
+		case len(model) > 0:
+			n := f.popRun(batch[:1+rng.IntN(maxBatch)], ats)
+			for i := range n {
+				check(ats[i], model[i], fmt.Sprintf("step %d, popRun entry %d", step, i))
+			}
+			model = model[n:]
+		}
+		require.Equal(t, len(model), f.n)
+		if len(model) > 0 {
+			for c := f.head; c != nil; c = c.next {
+				for k := 1; k < c.nr; k++ {
+					if c.runs[k].start < c.runs[k-1].start {
+						t.Fatalf("step %d: a chunk's runs out of order: %v", step, c.runs[:c.nr])
+					}
+				}
+			}
+			check(f.headAt(), model[0], fmt.Sprintf("step %d, the head", step))
+			check(f.oldest(), slices.Min(model), fmt.Sprintf("step %d, oldest", step))
+		}
+		if f.tail != nil && f.ti == chunkSize && f.tail.ats != nil {
+			spilled++
+		}
+	}
+	require.NotZero(t, spilled, "some chunks kept a stamp per entry")
 }

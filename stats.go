@@ -217,7 +217,7 @@ func (q *queue) stats() QueueStats {
 	return qs
 }
 
-// oldestLocked returns the stamp (entry.at) of the oldest ready entry, or 0
+// oldestLocked returns the stamp (see entry) of the oldest ready entry, or 0
 // when none is ready: the head of buf, the first unclaimed entry of each
 // worker's batch, and the head of each group's backlog. (A group's next
 // message joins the tail of buf with the stamp it got in the backlog: see

@@ -339,7 +339,7 @@ type worker struct {
 	// so that entries given back (see queue.giveBackLocked) return in order.
 	seq uint64
 	off int
-	// ats are the stamps (entry.at) of the batch's entries, written with
+	// ats are the stamps of the batch's entries (see entry), written with
 	// the batch under q.mu and never by the owner's claims, so that
 	// QueueStats.OldestAge reads, under q.mu, that of the first unclaimed.
 	ats [maxBatch]int64
@@ -479,11 +479,8 @@ func (q *queue) refillLocked(w *worker) entry {
 	if q.cfg.ttl == 0 && q.cfg.maxLen == 0 && q.cfg.rate == 0 && !q.cfg.groups { // a rate limit counts each delivery's token here
 		k = min(max(q.buf.n/max(q.active, 1), 1), maxBatch)
 	}
-	n := q.buf.popRun(w.batch[:k])
+	n := q.buf.popRun(w.batch[:k], w.ats[:k])
 	w.fresh = n == 1 && q.buf.n == 0 // the queue is not busy: time the call
-	for i := range n {
-		w.ats[i] = w.batch[i].at
-	}
 	w.n = n
 	w.next.Store(1)
 	q.takes++
@@ -570,6 +567,7 @@ type givenBack struct {
 	seq uint64
 	pos int
 	e   entry
+	at  int64
 }
 
 // giveBackLocked takes back the entries that the workers ws took in batches
@@ -588,7 +586,7 @@ func (q *queue) giveBackLocked(ws []*worker) int {
 		start := end - left
 		end = min(end, w.n)
 		for i := start; i < end; i++ {
-			back = append(back, givenBack{seq: w.seq, pos: w.off + i, e: w.batch[i]})
+			back = append(back, givenBack{seq: w.seq, pos: w.off + i, e: w.batch[i], at: w.ats[i]})
 		}
 		clear(w.batch[start:max(start, end)])
 	}
@@ -602,7 +600,7 @@ func (q *queue) giveBackLocked(ws []*worker) int {
 		return a.pos - b.pos
 	})
 	for i := len(back) - 1; i >= 0; i-- {
-		q.buf.pushFront(back[i].e)
+		q.buf.pushFront(back[i].e, back[i].at)
 	}
 	return len(back)
 }
