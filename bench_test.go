@@ -49,6 +49,8 @@ func payload[T any](v T) []byte {
 	switch v := any(v).(type) {
 	case []byte:
 		return v
+	case *[]byte:
+		return *v
 	case *tinymq.Msg:
 		return v.Data.([]byte)
 	}
@@ -104,8 +106,20 @@ func startMQ(b *testing.B, queues int, register func(m *tinymq.MQ) error) *tinym
 // which Publish does not box: what TinyMQ's hand-off costs without the one
 // allocation Publish's data any makes for a []byte.
 type ptrPipeline struct {
-	m    *tinymq.MQ
-	last *[]byte
+	m *tinymq.MQ
+	ptrs
+}
+
+// ptrs hands out a pointer to each payload, the same one while the payload
+// is the same: the benchmarks reuse one payload, or make one per message.
+type ptrs struct{ last *[]byte }
+
+func (p *ptrs) of(data []byte) *[]byte {
+	if p.last == nil || &(*p.last)[0] != &data[0] {
+		d := data
+		p.last = &d
+	}
+	return p.last
 }
 
 func newPtrPipeline(b *testing.B, queues, concurrency int, d *done) pipeline {
@@ -118,11 +132,7 @@ func newPtrPipeline(b *testing.B, queues, concurrency int, d *done) pipeline {
 }
 
 func (p *ptrPipeline) publish(data []byte) {
-	if p.last == nil || &(*p.last)[0] != &data[0] { // the benchmarks reuse one payload, or make one per message
-		d := data
-		p.last = &d
-	}
-	if err := p.m.Publish("bench", p.last); err != nil {
+	if err := p.m.Publish("bench", p.of(data)); err != nil {
 		panic(err)
 	}
 }
@@ -191,6 +201,30 @@ func (p *chanPipeline) publish(data []byte) {
 
 func (p *chanPipeline) close() { closeAll(p.chans, &p.wg) }
 
+// chanPtrPipeline is chanPipeline carrying pointers to the payloads, as
+// ptrPipeline publishes them: the channel that the allocation-free form is
+// held to (chanPipeline's slots hold the 24-byte slice itself).
+type chanPtrPipeline struct {
+	chans []chan *[]byte
+	wg    sync.WaitGroup
+	ptrs
+}
+
+func newChanPtrPipeline(_ *testing.B, queues, concurrency int, d *done) pipeline {
+	p := &chanPtrPipeline{}
+	p.chans = consumeAll[*[]byte](queues, concurrency, d, &p.wg)
+	return p
+}
+
+func (p *chanPtrPipeline) publish(data []byte) {
+	ptr := p.of(data)
+	for _, ch := range p.chans {
+		ch <- ptr
+	}
+}
+
+func (p *chanPtrPipeline) close() { closeAll(p.chans, &p.wg) }
+
 // msgChanPipeline is chanPipeline with one allocated message per queue per
 // publish, as TinyMQ hands each queue its own Msg: it shows what that
 // allocation alone costs a channel.
@@ -222,6 +256,7 @@ var impls = []struct {
 	{"handler", newHandlerPipeline},
 	{"handlerptr", newPtrPipeline},
 	{"chan", newChanPipeline},
+	{"chanptr", newChanPtrPipeline},
 	{"chanmsg", newMsgChanPipeline},
 }
 
@@ -249,9 +284,10 @@ func BenchmarkPublishDeliver(b *testing.B) {
 }
 
 // BenchmarkSweep varies one thing at a time from 1 queue, 1 worker, 64-byte
-// payloads, with the chan and chanmsg floors in every row: fanout to 1 to 256
-// queues, 1, 2 and 4 workers on one queue (more workers must never make a
-// trivial consumer slower), and payloads of 64 B, 1 KiB and 64 KiB.
+// payloads, with the chan, chanptr and chanmsg floors in every row: fanout
+// to 1 to 256 queues, 1, 2 and 4 workers on one queue (more workers must
+// never make a trivial consumer slower), and payloads of 64 B, 1 KiB and
+// 64 KiB.
 //
 //	go test -c -o tinymq.test .
 //	for i in $(seq 9); do ./tinymq.test -test.run '^$' -test.bench Sweep -test.benchtime 100000x -test.benchmem; done | tee sweep.txt
