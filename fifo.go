@@ -1,6 +1,9 @@
 package tinymq
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // chunkSize is how many entries one chunk of a fifo holds.
 const chunkSize = 64
@@ -54,12 +57,14 @@ func (e *entry) msg(queue string) *Msg {
 // chunk holds chunkSize entries of a fifo and their stamps: as runs while
 // they fit (runs[:nr], their starts rising: run k stamps the entries from
 // runs[k].start to the next run's start), then one per entry (ats).
-// Entries stamped within a tick of the coarse clock share a run (see
-// run.takes), so that a busy queue's chunk needs a run or two, and a
-// chunk holds 64 entries and 8 runs in 2.2 KiB (36 bytes an entry, where
-// a stamp in each entry made 42). A chunk of a queue whose messages arrive
-// further apart than a tick runs out of runs at its 9th, and then holds its
-// stamps in ats (8 bytes more an entry, as a stamp in the entry cost).
+// Entries with the same stamp share a run, and the coarse clock gives the
+// same stamp to every entry of one tick (see scheduler.stamp), so that a
+// busy queue's chunk needs a run or two, and a chunk holds 64 entries and
+// 8 runs in 2.2 KiB (36 bytes an entry, where a stamp in each entry made
+// 42). A chunk of a queue whose messages arrive further apart than a tick
+// runs out of runs at its 9th, and then holds its stamps in ats (8 bytes
+// more an entry, as a stamp in the entry cost). Runs hold stamps exactly:
+// the only error in a stamp is the clock's.
 type chunk struct {
 	entries [chunkSize]entry
 	next    *chunk
@@ -78,21 +83,12 @@ type run struct {
 	at    int64
 }
 
-// takes reports whether a run stamped r.at may take an entry stamped at:
-// at is no older, and less than a tick of the coarse clock newer, so that
-// the run's stamp errs as the clock's does, never making an entry younger.
-// Entries that arrive within a tick share a run even when no clock ticks
-// (the scheduler does not run, or its clock stopped until the next stamp).
-func (r run) takes(at int64) bool {
-	return at >= r.at && at-r.at < int64(clockTick)
-}
-
 // stampBack stamps entry i, which follows every live entry of c.
 func (c *chunk) stampBack(i int, at int64) {
 	switch {
 	case c.ats != nil:
 		c.ats[i] = at
-	case c.nr > 0 && c.runs[c.nr-1].takes(at):
+	case c.nr > 0 && c.runs[c.nr-1].at == at:
 	case c.nr < chunkRuns:
 		c.runs[c.nr] = run{start: i, at: at}
 		c.nr++
@@ -118,7 +114,7 @@ func (c *chunk) stampFront(i int, at int64) {
 	switch {
 	case c.ats != nil:
 		c.ats[i] = at
-	case c.nr > 0 && c.runs[0].takes(at):
+	case c.nr > 0 && c.runs[0].at == at:
 		c.runs[0].start = i
 	case c.nr < chunkRuns:
 		if c.nr > 0 {
@@ -177,10 +173,7 @@ func (c *chunk) stamps(i int, ats []int64) {
 
 // restart forgets c's stamps: none of its entries is live.
 func (c *chunk) restart() {
-	c.nr = 0
-	if c.ats != nil {
-		clear(c.ats[:])
-	}
+	c.nr, c.ats = 0, nil
 }
 
 // fifo is an unbounded FIFO of entries: a list of fixed-size chunks, so that
@@ -191,15 +184,17 @@ func (c *chunk) restart() {
 // The stamps of a fifo's entries (see chunk) rise from head to tail, except
 // where an entry joins behind newer ones (a group's next message, which got
 // its stamp in the group's backlog; restored messages, in publish order,
-// whose delay or retry backoff ended late): floors keep those, so that
-// oldest needs no scan. pop forgets the floors that left, so they stay
-// bounded.
+// whose delay or retry backoff ended late), or a newer one is put before
+// the head (a message that ReplayDeadLetters took and puts back, while an
+// older one joined): floors keep the entries older than every entry ahead
+// of them, so that oldest needs no scan. pop forgets the floors that left,
+// so they stay bounded.
 type fifo struct {
 	head, tail *chunk
 	hi, ti     int // next pop in head, next push in tail
 	n          int
 	pos        int64   // the head's position in the order of pushes: pop adds one, pushFront takes one
-	floors     []floor // entries pushed with a stamp older than the tail's, by position; stamps rising
+	floors     []floor // entries older than every entry ahead of them, by position; stamps rising
 }
 
 // floor is an entry of a fifo, at position pos, whose stamp at is older than
@@ -253,6 +248,11 @@ func (f *fifo) pushFront(e entry, at int64) {
 	if f.n == 0 {
 		f.push(e, at)
 		return
+	}
+	if old := f.headAt(); at > old && (len(f.floors) == 0 || old < f.floors[0].at) {
+		// It goes before an older entry, the head until now, which
+		// becomes a floor: older than every entry ahead of it.
+		f.floors = slices.Insert(f.floors, 0, floor{pos: f.pos, at: old})
 	}
 	if f.hi == 0 {
 		c := chunkPool.Get().(*chunk)

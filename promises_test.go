@@ -168,6 +168,8 @@ var promises = []struct {
 		"TestOldestAgeSeesGroupBacklogs", "TestOldestAgeOfARestoredMessageCountsFromBeforeTheRestart",
 		"TestOldestAgeBatchRemainderIsNotOlderThanItIs", "TestOldestAgeGroupNextBehindNewerHead",
 		"TestOldestAgeRestoredDelayedHeadHidesOlderReady", "TestOldestAgeRealTimeNeverLessThanTruth",
+		"TestOldestAgeIsAtMostATickOverWhenTheClockIsReadBetweenTicks", "TestOldestAgeCountsAnOlderMessageBehindOneAReplayPutBack",
+		"TestFifoKeepsEachEntrysStamp",
 	}},
 	{"An Engine serves one MQ: a second MQ given it while the first has not shut down fails every call with ErrInvalidOption, the first unaffected; a stopped MQ never calls the engine again", []string{
 		"TestEngineServingAnotherMQIsRefused", "TestAStoppedMQNeverReachesTheEngineOfTheNextMQ", "TestDistinctZeroSizeEnginesAreNotRefused",

@@ -79,14 +79,21 @@ func newScheduler() *scheduler {
 
 // stamp returns the time, in UnixNano, at which an entry enters a queue (see
 // QueueStats.OldestAge): the coarse clock while it ticks, else the time
-// itself, and then the clock starts ticking again (when run runs).
+// itself, and then the clock starts ticking again (when run runs). While
+// run does not run (the clock is off) it is the time rounded down to a
+// clockTick, an error no greater than the ticking clock's, so that the
+// entries stamped within one tick share a run of stamps (see chunk) there
+// too.
 func (s *scheduler) stamp() int64 {
 	t := s.clock.Load()
 	if t > 0 {
 		return t
 	}
 	now := time.Now().UnixNano()
-	if t == 0 && s.clock.CompareAndSwap(0, now) {
+	if t == clockOff {
+		return now - now%int64(clockTick)
+	}
+	if s.clock.CompareAndSwap(0, now) {
 		s.poke()
 	}
 	return now

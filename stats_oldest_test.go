@@ -737,3 +737,71 @@ func TestOldestAgeRacesStop(t *testing.T) {
 		}
 	}
 }
+
+// A message's stamp is the clock's reading when it arrived, never that of
+// an earlier message of the same tick: when the scheduler reads the clock
+// between two ticks (here a delayed message that becomes its earliest
+// item), OldestAge is still at most a tick over the truth.
+func TestOldestAgeIsAtMostATickOverWhenTheClockIsReadBetweenTicks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithQueueName("q"), tinymq.WithMaxLen(2, tinymq.DropHead)))
+		require.NoError(t, m.DeclareQueue("later", "later", tinymq.Fanout, tinymq.WithQueueName("later")))
+		require.NoError(t, m.Start(context.Background()))
+		defer m.Stop()
+		time.Sleep(2 * time.Second) // the clock stops: the next stamp reads the time itself
+		require.NoError(t, m.Publish("ev", "a"))
+		synctest.Wait()
+		time.Sleep(9 * time.Millisecond)
+		require.NoError(t, m.Publish("later", "x", tinymq.WithDelay(time.Hour))) // a reading at a+9ms
+		synctest.Wait()
+		time.Sleep(9*time.Millisecond + 900*time.Microsecond)
+		require.NoError(t, m.Publish("ev", "b")) // at a+18.9ms, stamped a+9ms
+		bAt := time.Now()
+		require.NoError(t, m.Publish("ev", "c")) // evicts a: b is the oldest
+		time.Sleep(time.Millisecond)
+		qs := m.Stats().Queues["q"]
+		require.Equal(t, uint64(1), qs.Overflowed)
+		ageInRange(t, qs.OldestAge, time.Since(bAt), "b")
+	})
+}
+
+// A message that ReplayDeadLetters takes and puts back goes before the
+// others as it was, and an older one behind it still counts: here a
+// group's next message, which joined behind a newer one with the stamp it
+// got in its group's backlog.
+func TestOldestAgeCountsAnOlderMessageBehindOneAReplayPutBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := tinymq.New()
+		require.NoError(t, m.DeclareQueue("q", "ev", tinymq.Fanout, tinymq.WithQueueName("q"), tinymq.WithGroupOrdering()))
+		require.NoError(t, m.Start(context.Background()))
+		defer m.Stop()
+		hold := make(chan struct{})
+		_, err := m.Consume("q", func(_ context.Context, msg *tinymq.Msg) error {
+			if msg.Data == "a" {
+				<-hold
+			}
+			return nil
+		}, 1)
+		require.NoError(t, err)
+		require.NoError(t, m.Publish("ev", "a", tinymq.WithMessageGroup("g"))) // its group's message out
+		require.NoError(t, m.Publish("ev", "b", tinymq.WithMessageGroup("g"))) // waits behind a
+		bAt := time.Now()
+		synctest.Wait()
+		time.Sleep(time.Second)
+		require.NoError(t, m.PauseQueue("q"))
+		require.NoError(t, m.Publish("ev", "x"))
+		close(hold) // a ends: b joins behind x, with its older stamp
+		synctest.Wait()
+		time.Sleep(time.Millisecond)
+		qs := m.Stats().Queues["q"]
+		require.Equal(t, 2, qs.Ready)
+		ageInRange(t, qs.OldestAge, time.Since(bAt), "b, behind x")
+
+		_, err = m.ReplayDeadLetters("q", 10) // takes x and b, which have no death, and puts them back
+		require.ErrorIs(t, err, tinymq.ErrNoDeath)
+		qs = m.Stats().Queues["q"]
+		require.Equal(t, 2, qs.Ready)
+		ageInRange(t, qs.OldestAge, time.Since(bAt), "b, behind x put back")
+	})
+}
