@@ -22,6 +22,20 @@ import (
 
 func oldestAge(m *tinymq.MQ, q string) time.Duration { return m.Stats().Queues[q].OldestAge }
 
+// consumeHoldingA subscribes one worker to queue q of m, whose consumer
+// holds the message "a" until hold is closed.
+func consumeHoldingA(t *testing.T, m *tinymq.MQ, hold <-chan struct{}) *tinymq.Subscription {
+	t.Helper()
+	sub, err := m.Consume("q", func(_ context.Context, msg *tinymq.Msg) error {
+		if msg.Data == "a" {
+			<-hold
+		}
+		return nil
+	}, 1)
+	require.NoError(t, err)
+	return sub
+}
+
 // ageInRange asserts OldestAge within [truth, truth+clockSlack].
 func ageInRange(t *testing.T, got, truth time.Duration, msg string) {
 	t.Helper()
@@ -194,13 +208,7 @@ func TestOldestAgePausedQueueGivesBackABatch(t *testing.T) {
 			require.NoError(t, m.Publish("ev", d))
 		}
 		time.Sleep(2 * time.Second)
-		_, err := m.Consume("q", func(_ context.Context, msg *tinymq.Msg) error {
-			if msg.Data == "a" {
-				<-hold
-			}
-			return nil
-		}, 1)
-		require.NoError(t, err)
+		consumeHoldingA(t, m, hold)
 		synctest.Wait()
 		require.NoError(t, m.PauseQueue("q"))
 		time.Sleep(time.Second)
@@ -276,13 +284,7 @@ func TestOldestAgeCancelGivesBackBatch(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second)
 		hold := make(chan struct{})
-		sub, err := m.Consume("q", func(_ context.Context, msg *tinymq.Msg) error {
-			if msg.Data == "a" {
-				<-hold
-			}
-			return nil
-		}, 1)
-		require.NoError(t, err)
+		sub := consumeHoldingA(t, m, hold)
 		synctest.Wait()
 		qs := m.Stats().Queues["q"]
 		require.Equal(t, 3, qs.Ready)
@@ -777,13 +779,7 @@ func TestOldestAgeCountsAnOlderMessageBehindOneAReplayPutBack(t *testing.T) {
 		require.NoError(t, m.Start(context.Background()))
 		defer m.Stop()
 		hold := make(chan struct{})
-		_, err := m.Consume("q", func(_ context.Context, msg *tinymq.Msg) error {
-			if msg.Data == "a" {
-				<-hold
-			}
-			return nil
-		}, 1)
-		require.NoError(t, err)
+		consumeHoldingA(t, m, hold)
 		require.NoError(t, m.Publish("ev", "a", tinymq.WithMessageGroup("g"))) // its group's message out
 		require.NoError(t, m.Publish("ev", "b", tinymq.WithMessageGroup("g"))) // waits behind a
 		bAt := time.Now()
@@ -798,7 +794,7 @@ func TestOldestAgeCountsAnOlderMessageBehindOneAReplayPutBack(t *testing.T) {
 		require.Equal(t, 2, qs.Ready)
 		ageInRange(t, qs.OldestAge, time.Since(bAt), "b, behind x")
 
-		_, err = m.ReplayDeadLetters("q", 10) // takes x and b, which have no death, and puts them back
+		_, err := m.ReplayDeadLetters("q", 10) // takes x and b, which have no death, and puts them back
 		require.ErrorIs(t, err, tinymq.ErrNoDeath)
 		qs = m.Stats().Queues["q"]
 		require.Equal(t, 2, qs.Ready)

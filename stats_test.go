@@ -477,13 +477,7 @@ func TestOldestAgeIsHowLongTheOldestReadyMessageWaited(t *testing.T) {
 		// One worker takes a and b in one batch: a is in the consumer, b
 		// waits in the batch, c in the queue.
 		release := make(chan struct{})
-		sub, err := m.Consume("q", func(ctx context.Context, msg *tinymq.Msg) error {
-			if msg.Data == "a" {
-				<-release
-			}
-			return nil
-		}, 1)
-		require.NoError(t, err)
+		sub := consumeHoldingA(t, m, release)
 		synctest.Wait()
 		require.Equal(t, 1, m.Stats().Queues["q"].InFlight)
 		got = age()
