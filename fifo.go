@@ -194,6 +194,7 @@ type fifo struct {
 	hi, ti     int // next pop in head, next push in tail
 	n          int
 	pos        int64   // the head's position in the order of pushes: pop adds one, pushFront takes one
+	tailAt     int64   // the tail's stamp, when f is not empty
 	floors     []floor // entries older than every entry ahead of them, by position; stamps rising
 }
 
@@ -218,16 +219,15 @@ func putChunk(c *chunk) {
 
 // push adds e, stamped at, at the tail.
 func (f *fifo) push(e entry, at int64) {
-	if f.n > 0 {
-		if tail := f.tail.stamp(f.ti - 1); at < tail {
-			// It joins behind newer entries: a floor, which makes those
-			// newer than it above it redundant.
-			for len(f.floors) > 0 && f.floors[len(f.floors)-1].at >= at {
-				f.floors = f.floors[:len(f.floors)-1]
-			}
-			f.floors = append(f.floors, floor{pos: f.pos + int64(f.n), at: at})
+	if f.n > 0 && at < f.tailAt {
+		// It joins behind newer entries: a floor, which makes those newer
+		// than it above it redundant.
+		for len(f.floors) > 0 && f.floors[len(f.floors)-1].at >= at {
+			f.floors = f.floors[:len(f.floors)-1]
 		}
+		f.floors = append(f.floors, floor{pos: f.pos + int64(f.n), at: at})
 	}
+	f.tailAt = at
 	if f.tail == nil {
 		f.head = chunkPool.Get().(*chunk)
 		f.tail = f.head
