@@ -25,10 +25,10 @@ const chunkSize = 64
 // When an entry became ready in its queue (its stamp: UnixNano from the
 // scheduler's coarse clock, see scheduler.stamp; published, or due after a
 // delay or a retry backoff, or restored from the log), which
-// QueueStats.OldestAge reads, is not in the entry: the fifo keeps the stamps
-// of its entries as runs (see fifo.runs), and an entry out of its fifo
-// carries its stamp beside it (a worker's batch in worker.ats, otherwise a
-// stamped).
+// QueueStats.OldestAge reads, is not in the entry: the fifo's chunks keep
+// the stamps of their entries, mostly as runs (see chunk), and an entry out
+// of its fifo carries its stamp beside it (a worker's batch in worker.ats,
+// otherwise a stamped).
 type entry struct {
 	m    *Msg
 	id   uint64
@@ -230,7 +230,7 @@ func (f *fifo) push(e entry, at int64) {
 	f.tailAt = at
 	if f.tail == nil {
 		f.head = chunkPool.Get().(*chunk)
-		f.tail = f.head
+		f.tail, f.hi, f.ti = f.head, 0, 0
 	} else if f.ti == chunkSize {
 		c := chunkPool.Get().(*chunk)
 		f.tail.next = c

@@ -867,7 +867,7 @@ func (q *queue) restore(entries iter.Seq2[entry, int64], now int64) (evicted []e
 		if due > now {
 			// A retry backing off is its group's message out; a delayed
 			// message finds its group's place when it is due (see release).
-			if q.cfg.groups && e.m.Attempt > 0 && q.holdGroupLocked(e, 0) { // stamped when it is due (see release)
+			if q.cfg.groups && e.m.Attempt > 0 && q.holdGroupLocked(e, 0) { // not ready: no stamp, as before the entry lost its own
 				continue
 			}
 			q.scheduled++
