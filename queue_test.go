@@ -228,19 +228,18 @@ func testQueue(n int) *queue {
 func TestFifoFloorsStayBoundedWithoutReaders(t *testing.T) {
 	var f fifo
 	m := &Msg{}
-	tick := int64(clockTick) // stamps a tick apart take runs of their own
-	f.push(entry{m: m}, tick)
+	f.push(entry{m: m}, 1)
 	for i := range 10000 {
-		f.push(entry{m: m}, int64(2*i+10)*tick)
-		f.push(entry{m: m}, int64(2*i+9)*tick) // behind a newer one: a floor
+		f.push(entry{m: m}, int64(2*i+10))
+		f.push(entry{m: m}, int64(2*i+9)) // behind a newer one: a floor
 		var out [2]entry
 		f.pop(out[:0], 2) // one entry always stays: the queue never drains
 	}
 	require.Equal(t, 1, f.n)
 	assert.LessOrEqual(t, len(f.floors), 2, "floors of entries that left are forgotten")
-	f.push(entry{m: m}, 100000*tick)
-	f.push(entry{m: m}, 50*tick)
-	assert.Equal(t, 50*tick, f.oldest(), "a floor behind the head is the oldest")
+	f.push(entry{m: m}, 100000)
+	f.push(entry{m: m}, 50)
+	assert.Equal(t, int64(50), f.oldest(), "a floor behind the head is the oldest")
 }
 
 // A worker's batch comes out of the fifo a chunk's run at a time, in order,
