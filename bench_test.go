@@ -112,14 +112,16 @@ type ptrPipeline struct {
 
 // ptrs hands out a pointer to each payload, the same one while the payload
 // is the same: the benchmarks reuse one payload, or make one per message.
-type ptrs struct{ last *[]byte }
+// Parallel publishers share it.
+type ptrs struct{ last atomic.Pointer[[]byte] }
 
 func (p *ptrs) of(data []byte) *[]byte {
-	if p.last == nil || &(*p.last)[0] != &data[0] {
-		d := data
-		p.last = &d
+	if last := p.last.Load(); last != nil && &(*last)[0] == &data[0] {
+		return last
 	}
-	return p.last
+	d := data
+	p.last.Store(&d)
+	return &d
 }
 
 func newPtrPipeline(b *testing.B, queues, concurrency int, d *done) pipeline {

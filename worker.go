@@ -566,8 +566,7 @@ func (w *worker) drop() {
 type givenBack struct {
 	seq uint64
 	pos int
-	e   entry
-	at  int64
+	stamped
 }
 
 // giveBackLocked takes back the entries that the workers ws took in batches
@@ -586,7 +585,7 @@ func (q *queue) giveBackLocked(ws []*worker) int {
 		start := end - left
 		end = min(end, w.n)
 		for i := start; i < end; i++ {
-			back = append(back, givenBack{seq: w.seq, pos: w.off + i, e: w.batch[i], at: w.ats[i]})
+			back = append(back, givenBack{seq: w.seq, pos: w.off + i, stamped: stamped{w.batch[i], w.ats[i]}})
 		}
 		clear(w.batch[start:max(start, end)])
 	}
