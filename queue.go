@@ -41,6 +41,18 @@ func (q *queue) takesShared() bool {
 // (under mu) rather than sleep, so a slow message never holds back the
 // messages taken with it while another worker is idle.
 type queue struct {
+	// What the publisher and a worker that keeps up both write for every
+	// message, first and together: mu and buf's ends on one cache line (a
+	// queue is allocated in a size class of 64-byte multiples, so offset 0
+	// starts a line), buf's floors and the counters on the next. Spread over
+	// more lines, each message moved each of them between the two cores.
+	mu       sync.Mutex
+	buf      fifo
+	accepted uint64 // messages published into the queue
+	entered  uint64 // entries into buf or the scheduler: accepted messages and retries
+	busy     int    // workers holding a batch
+	takes    uint64 // batches taken: the order in which entries given back return to buf
+
 	id   int
 	name string
 	cfg  queueConfig
@@ -49,29 +61,23 @@ type queue struct {
 	// lock and q.mu, so readable under either.
 	gone bool
 
-	mu          sync.Mutex
-	cond        sync.Cond // L is &mu; signalled once per parked worker to wake
-	buf         fifo
+	cond        sync.Cond       // L is &mu; signalled once per parked worker to wake
 	workers     []*worker       // one per worker slot of every subscription, for stealing and counting; replaced, never changed
 	subs        []*Subscription // the subscriptions not cancelled, in the order they came
 	active      int             // their workers: each one's fair share of a refill
 	paused      bool            // PauseQueue: no worker takes a message
 	usedAt      int64           // UnixNano: when the queue was last declared, consumed or left without consumers (WithQueueExpiry)
 	expiryArmed bool            // the scheduler holds an expire item for the queue
-	takes       uint64          // batches taken: the order in which entries given back return to buf
 	gen         uint32          // purges and deletes so far: a scheduler item of an older gen is gone
 	purgeGen    uint32          // gen right after the last purge: an item older than it was the purge's (see release)
 	idle        atomic.Int32    // workers in cond.Wait, or woken and not yet holding mu again; written under mu (see take, wakeThief)
 	waking      atomic.Int32    // wakes sent, or about to be, that no woken worker has taken mu for since (see wakeOneLocked); written under mu
-	busy        int             // workers holding a batch
 	scheduled   int             // messages waiting in the scheduler for a delay or a retry
 	stopping    bool            // the MQ is stopping: report when quiescent
 	closed      bool            // workers exit once buf is empty
 	shut        atomic.Bool     // closed, readable without mu (see reserve)
 	aborted     bool            // Shutdown's deadline passed: nothing more is delivered
 	room        chan struct{}   // closed when there may be room (Block publishers wait on it)
-	accepted    uint64          // messages published into the queue
-	entered     uint64          // entries into buf or the scheduler: accepted messages and retries
 	expiryAt    int64           // when the scheduler checks the head for expiry; 0: no check pending
 	reserved    int             // room held for publishes between reserve and acceptReserved
 	inbound     int             // admitted publishes writing to the log without the MQ's lock: not quiescent
