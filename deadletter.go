@@ -248,7 +248,7 @@ func (m *MQ) ReplayDeadLetters(queue string, n int) (int, error) {
 // stopping MQ waits for it) until doneHead or putBack. It reports false when
 // nothing waits, or the queue was deleted or aborted.
 func (q *queue) takeHead() (stamped, bool) {
-	q.mu.Lock()
+	q.lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return stamped{}, false
@@ -269,7 +269,7 @@ func (q *queue) takeHead() (stamped, bool) {
 // doneHead ends what takeHead began, for e, a message that left the queue:
 // its group (WithGroupOrdering) goes on.
 func (q *queue) doneHead(e *entry) {
-	q.mu.Lock()
+	q.lock()
 	q.busy--
 	if q.cfg.groups {
 		if g := e.group(); g != "" {
@@ -285,7 +285,7 @@ func (q *queue) doneHead(e *entry) {
 // not count them (they were begun), so it counts them now: removed, or
 // undelivered.
 func (q *queue) putBack(es []stamped) {
-	q.mu.Lock()
+	q.lock()
 	q.busy -= len(es)
 	switch {
 	case q.gone:

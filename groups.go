@@ -88,7 +88,7 @@ func (q *queue) groupEnd(m *Msg) {
 	if g == "" {
 		return
 	}
-	q.mu.Lock()
+	q.lock()
 	q.groupDoneLocked(g)
 	q.mu.Unlock()
 }

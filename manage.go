@@ -83,7 +83,7 @@ func (m *MQ) redeclareLocked(q *queue, exchange string, kind ExchangeType, cfg q
 		ex.bind(q, cfg.binding, hbs)
 		m.logDeclared(q)
 	}
-	q.mu.Lock()
+	q.lock()
 	q.usedAt = time.Now().UnixNano()
 	q.mu.Unlock()
 	return nil
@@ -183,7 +183,7 @@ func (q *queue) armQueueExpiry() {
 	if q.cfg.expiry <= 0 || q.mq.engine != nil {
 		return
 	}
-	q.mu.Lock()
+	q.lock()
 	if q.expiryArmed || len(q.subs) > 0 || q.gone {
 		q.mu.Unlock()
 		return
@@ -198,7 +198,7 @@ func (q *queue) armQueueExpiry() {
 // checks again when it will have been. The scheduler calls it.
 func (m *MQ) expireQueue(q *queue) {
 	m.mu.Lock()
-	q.mu.Lock()
+	q.lock()
 	q.expiryArmed = false
 	unused := len(q.subs) == 0 && !q.gone
 	due := time.Unix(0, q.usedAt).Add(q.cfg.expiry)
@@ -260,7 +260,7 @@ func (m *MQ) DeleteQueue(name string, opts ...DeleteOption) (int, error) {
 		m.unlock()
 		return 0, fmt.Errorf("%w: %q", ErrUnknownQueue, name)
 	}
-	q.mu.Lock()
+	q.lock()
 	inUse := len(q.subs) > 0
 	nonEmpty := q.buf.n+q.batchedLocked()+q.scheduled+q.grouped+q.inbound > 0 || q.busy > 0 || q.inFlightLocked() > 0
 	q.mu.Unlock()
@@ -317,7 +317,7 @@ func (m *MQ) deleteLocked(q *queue, expired bool) *deletion {
 	if q.cfg.durable && m.dur != nil {
 		d.upTo = m.idsUpTo()
 	}
-	q.mu.Lock()
+	q.lock()
 	q.gone, q.closed = true, true
 	q.shut.Store(true)
 	for _, s := range q.subs {
@@ -364,7 +364,7 @@ func (m *MQ) forgetOnEngine(name string) {
 	defer m.unlock()
 	if q := m.queues[name]; q != nil {
 		m.forgetQueueLocked(q)
-		q.mu.Lock()
+		q.lock()
 		q.gone = true
 		for _, s := range q.subs {
 			q.cancelLocked(s)
@@ -405,7 +405,7 @@ func (d *deletion) finish() (int, error) {
 // no dead letter (as for the messages the delete removed); it is counted as
 // removed, and logged. It reports false for a queue that was not deleted.
 func (q *queue) removedInFlight(m *Msg, err error) bool {
-	q.mu.Lock()
+	q.lock()
 	gone := q.gone
 	q.mu.Unlock()
 	if !gone {
@@ -450,7 +450,7 @@ func (m *MQ) PurgeQueue(name string) (int, error) {
 		return m.engine.PurgeQueue(name) // the engine counts it in its Stats
 	}
 	var keys []string
-	q.mu.Lock()
+	q.lock()
 	q.giveBackLocked(q.workers)
 	n := q.buf.n + q.scheduled + q.grouped
 	for q.buf.n > 0 {
@@ -483,7 +483,7 @@ func (m *MQ) PurgeQueue(name string) (int, error) {
 		if q.cfg.groups {
 			// A retry held its group (WithGroupOrdering): the group goes on.
 			// (A retry the scheduler had already taken goes on in release.)
-			q.mu.Lock()
+			q.lock()
 			for _, it := range items {
 				if it.m.Attempt > 0 {
 					q.groupDoneLocked(it.m.Group())
@@ -550,7 +550,7 @@ func (m *MQ) setPaused(name string, paused bool) error {
 			return err
 		}
 	}
-	q.mu.Lock()
+	q.lock()
 	changed := q.paused != paused
 	q.paused = paused
 	if changed {

@@ -456,7 +456,7 @@ func (m *MQ) Bind(queue, exchange string, kind ExchangeType, opts ...BindingOpti
 // the write lock and the MQ is running, so Stop cannot be waiting on the
 // WaitGroup yet.
 func (m *MQ) startWorkers(q *queue) {
-	q.mu.Lock()
+	q.lock()
 	subs := q.subs
 	q.mu.Unlock()
 	for _, s := range subs {
@@ -749,7 +749,7 @@ func (m *MQ) abortAll() abortTally {
 		undelivered, running := q.abort()
 		total.undelivered += undelivered
 		total.inConsumers += running
-		q.mu.Lock()
+		q.lock()
 		total.abandoned += uint64(q.abandoned)
 		q.mu.Unlock()
 	}
@@ -792,7 +792,7 @@ func (m *MQ) logLost(msg string) {
 	queues := slices.Clone(m.order)
 	m.mu.RUnlock()
 	for _, q := range queues {
-		q.mu.Lock()
+		q.lock()
 		n := q.abortLost
 		q.mu.Unlock()
 		if n > 0 {
@@ -925,7 +925,7 @@ wait:
 // it.
 func (m *MQ) quiesce(queues []*queue) ([]int, bool) {
 	for _, q := range queues {
-		q.mu.Lock()
+		q.lock()
 		idle := q.quiescentLocked()
 		q.mu.Unlock()
 		if !idle {
@@ -933,7 +933,7 @@ func (m *MQ) quiesce(queues []*queue) ([]int, bool) {
 		}
 	}
 	for _, q := range queues {
-		q.mu.Lock()
+		q.lock()
 	}
 	ok := m.transit.Load() == 0
 	for _, q := range queues {

@@ -34,7 +34,7 @@ func (m *MQ) Peek(queue string, n int) ([]*Msg, error) {
 		m.mu.RUnlock()
 		return nil, fmt.Errorf("%w: Peek", ErrUnsupported)
 	}
-	q.mu.Lock()
+	q.lock()
 	head, wake := q.headLocked(n)
 	msgs := make([]*Msg, 0, len(head))
 	for i := range head {

@@ -237,7 +237,7 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 		e := entry{m: ex.proto, id: ex.seq.Add(1), data: r.data}
 		r.id = e.id
 		for _, q := range ex.all {
-			if err := q.accept(e, time.Time{}, 0); err != nil {
+			if err := q.acceptPlain(e); err != nil {
 				m.mu.RUnlock()
 				return nil, err // aborted: Stop has begun
 			}

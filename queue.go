@@ -57,6 +57,9 @@ type queue struct {
 	name string
 	cfg  queueConfig
 	mq   *MQ
+	// inbox takes plain publishes without mu (see acceptPlain); nil unless
+	// the queue takes shared entries. Moved into buf by every holder of mu.
+	inbox *inbox
 	// gone: deleted (DeleteQueue or expiry). Written under the MQ's write
 	// lock and q.mu, so readable under either.
 	gone bool
@@ -127,6 +130,9 @@ func newQueue(id int, name string, cfg queueConfig, mq *MQ) *queue {
 	}
 	q.cond.L = &q.mu
 	q.tokens = float64(cfg.burst)
+	if q.takesShared() {
+		q.inbox = newInbox()
+	}
 	return q
 }
 
@@ -161,7 +167,7 @@ func (q *queue) tokenLocked() time.Duration {
 // rateWake is the scheduler's wake of a rate-limited queue whose next token
 // is due: a parked worker takes it (see take).
 func (q *queue) rateWake() {
-	q.mu.Lock()
+	q.lock()
 	q.rateArmed = false
 	wake := q.wakeForLocked(q.buf.n)
 	q.mu.Unlock()
@@ -195,7 +201,7 @@ func (q *queue) freeRoomLocked() {
 // visible at now (zero when nothing has a TTL), with the message's own TTL
 // ttl. It returns ErrStopped when the queue is closed.
 func (q *queue) accept(e entry, now time.Time, ttl time.Duration) error {
-	q.mu.Lock()
+	q.lock()
 	if q.closed {
 		q.mu.Unlock()
 		return ErrStopped
@@ -226,7 +232,7 @@ func (q *queue) reserve(internal bool) (room <-chan struct{}, err error) {
 		}
 		return nil, nil
 	}
-	q.mu.Lock()
+	q.lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return nil, ErrStopped
@@ -248,7 +254,7 @@ func (q *queue) unreserve(inbound, dead bool) {
 	if q.cfg.maxLen == 0 && !inbound {
 		return // reserve held nothing
 	}
-	q.mu.Lock()
+	q.lock()
 	if q.cfg.maxLen > 0 {
 		q.reserved--
 		q.freeRoomLocked()
@@ -272,7 +278,7 @@ func (q *queue) unreserve(inbound, dead bool) {
 // restart); a deleted queue counts it as accepted and removed, as the
 // delete counted what it held, and returns errRemovedOnArrival.
 func (q *queue) acceptReserved(e entry, now time.Time, delay, ttl time.Duration, inbound, dead bool) (evicted *Msg, gen uint32, err error) {
-	q.mu.Lock()
+	q.lock()
 	if q.cfg.maxLen > 0 {
 		q.reserved--
 	}
@@ -482,7 +488,7 @@ func (q *queue) stillLocked() bool {
 func (q *queue) expireHead() {
 	now := time.Now().UnixNano()
 	var dead []*Msg
-	q.mu.Lock()
+	q.lock()
 	q.expiryAt = 0
 	for !q.aborted && !q.stillLocked() {
 		h := q.buf.peek()
@@ -553,7 +559,7 @@ func (q *queue) parkedLocked() bool {
 // When it returns more than 0, it has counted the caller, which logs them, in
 // the MQ's settling (see MQ.settling), under q.mu: the caller takes it off.
 func (q *queue) strand() int {
-	q.mu.Lock()
+	q.lock()
 	defer q.mu.Unlock()
 	return q.strandLocked()
 }
@@ -591,7 +597,7 @@ func (q *queue) strandLocked() int {
 // each publish completely or not at all.
 // dead marks a dead letter of the MQ's own (see abort).
 func (q *queue) holdInbound(dead bool) {
-	q.mu.Lock()
+	q.lock()
 	q.inbound++
 	if dead {
 		q.inboundDead++
@@ -611,7 +617,7 @@ func (q *queue) endInboundLocked(dead bool) {
 // purge or a delete since (gen) or an abort took it: they counted it and
 // zeroed scheduled.
 func (q *queue) release(m *Msg, gen uint32) {
-	q.mu.Lock()
+	q.lock()
 	if q.aborted || q.gone || gen != q.gen {
 		// A purge or a delete counted m, which the scheduler had already
 		// taken when they dropped its items: what they acknowledged in the
@@ -649,7 +655,7 @@ func (q *queue) release(m *Msg, gen uint32) {
 // cannot wait and is returned as overflow. After abort it is undelivered;
 // after a delete (gone), removed.
 func (q *queue) schedule(m *Msg, backoff time.Duration, held bool) (evicted, overflow *Msg, aborted, gone bool) {
-	q.mu.Lock()
+	q.lock()
 	if held {
 		q.failing-- // decided here (see queue.fail)
 	}
@@ -684,7 +690,7 @@ func (q *queue) schedule(m *Msg, backoff time.Duration, held bool) (evicted, ove
 func (q *queue) later(it schedItem) {
 	s := q.mq.sched
 	s.add(it)
-	q.mu.Lock()
+	q.lock()
 	stale := it.gen != q.gen || q.aborted
 	q.mu.Unlock()
 	if stale && s.remove(q, it.m) {
@@ -695,7 +701,7 @@ func (q *queue) later(it schedItem) {
 // stop marks the queue as stopping and wakes the publishers waiting for room,
 // which then see that the MQ is stopping.
 func (q *queue) stop() {
-	q.mu.Lock()
+	q.lock()
 	q.stopping = true
 	q.freeRoomLocked()
 	q.mu.Unlock()
@@ -703,7 +709,7 @@ func (q *queue) stop() {
 
 // close lets the workers exit once buf is empty.
 func (q *queue) close() {
-	q.mu.Lock()
+	q.lock()
 	q.closed = true
 	q.shut.Store(true)
 	q.mu.Unlock()
@@ -722,7 +728,7 @@ func (q *queue) close() {
 // count as begun under q.mu) is counted either as begun or as undelivered,
 // never both.
 func (q *queue) abort() (undelivered, running uint64) {
-	q.mu.Lock()
+	q.lock()
 	if q.aborted {
 		q.mu.Unlock()
 		return 0, 0
@@ -786,7 +792,7 @@ func (q *queue) inHandLocked() uint64 {
 
 // inHand is inHandLocked, taking q.mu.
 func (q *queue) inHand() uint64 {
-	q.mu.Lock()
+	q.lock()
 	defer q.mu.Unlock()
 	return q.inHandLocked()
 }
@@ -853,7 +859,7 @@ var (
 // message that was retrying (its group's message out when the log was last
 // written) goes first, so that its group's later messages wait behind it.
 func (q *queue) restore(entries iter.Seq2[entry, int64], now int64) (evicted []eviction, later []schedItem) {
-	q.mu.Lock()
+	q.lock()
 	if q.cfg.groups {
 		entries = retriedFirst(entries)
 	}

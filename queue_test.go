@@ -87,13 +87,13 @@ func TestQueueGivesMemoryBackAfterDraining(t *testing.T) {
 		require.NoError(t, m.Publish("ev", i))
 	}
 	q := m.queues["q"]
-	q.mu.Lock()
+	q.lock()
 	grown := q.buf.chunks()
 	q.mu.Unlock()
 	assert.GreaterOrEqual(t, grown, (n-maxBatch)/chunkSize, "a stalled consumer lets the buffer grow without bound")
 	close(release)
 	<-drained
-	q.mu.Lock()
+	q.lock()
 	defer q.mu.Unlock()
 	assert.Equal(t, 1, q.buf.chunks(), "memory is given back once the queue drains, but for one chunk")
 }
@@ -148,7 +148,7 @@ func TestIdleWorkerStealsFromABatch(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, uint64(0), e.m.ID)
 	q.buf.pop(nil, q.buf.n) // others took the rest
-	q.mu.Lock()
+	q.lock()
 	assert.Equal(t, 3, q.batchedLocked(), "a's unclaimed messages still wait")
 	q.mu.Unlock()
 	// a is stuck in a consumer; b finds buf empty and takes half of a's
@@ -418,7 +418,7 @@ func TestAbortCountsAMessageBegunButNotYetDeliveredAsInHand(t *testing.T) {
 	w := q.workers[0]
 
 	// What a worker does up to the moment before it counts the delivery.
-	q.mu.Lock()
+	q.lock()
 	e := q.refillLocked(w)
 	q.mu.Unlock()
 	require.True(t, w.begin())
@@ -431,14 +431,14 @@ func TestAbortCountsAMessageBegunButNotYetDeliveredAsInHand(t *testing.T) {
 	// A begin the abort refuses still raises the worker's count: it is
 	// not a message in hand.
 	assert.False(t, w.begin(), "no worker begins after the abort")
-	q.mu.Lock()
+	q.lock()
 	assert.Equal(t, uint64(1), q.inHandLocked(), "a refused begin is not in hand")
 	q.mu.Unlock()
 
 	// A skipped message (expired, or unreadable) ends its begin without a
 	// delivery: it is no longer in hand.
 	w.skipped.Add(1)
-	q.mu.Lock()
+	q.lock()
 	assert.Zero(t, q.inHandLocked())
 	q.mu.Unlock()
 }

@@ -191,7 +191,7 @@ func (m *MQ) Stats() Stats {
 }
 
 func (q *queue) stats() QueueStats {
-	q.mu.Lock()
+	q.lock()
 	qs := QueueStats{Ready: q.buf.n + q.batchedLocked() + q.grouped, Scheduled: q.scheduled, Accepted: q.accepted,
 		Consumers: len(q.subs), Paused: q.paused}
 	qs.InFlight = int(q.inFlightLocked())
@@ -282,7 +282,7 @@ func (m *MQ) deletedStats(fold bool) QueueStats {
 		// publish count what they popped once they released q.mu, and so
 		// the queue is folded only once every message it accepted has
 		// ended; after that nothing can change its counts.
-		q.mu.Lock()
+		q.lock()
 		settled := len(q.workers) == 0 && q.inbound == 0 && q.abandoned == 0
 		q.mu.Unlock()
 		qs := q.stats()

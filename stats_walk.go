@@ -62,7 +62,7 @@ func (m *MQ) WalkStats(onExchange func(name string, es *ExchangeStats) bool, onQ
 	}
 	var qs QueueStats
 	for _, q := range queues {
-		q.mu.Lock()
+		q.lock()
 		gone := q.gone
 		q.mu.Unlock()
 		if gone {

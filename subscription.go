@@ -97,7 +97,7 @@ func (m *MQ) consume(name string, c consumer, concurrency int) (*Subscription, e
 			return nil, err
 		}
 		s := &Subscription{m: m, q: q, c: c, n: concurrency, eng: es, done: make(chan struct{})}
-		q.mu.Lock()
+		q.lock()
 		q.subs = append(slices.Clip(q.subs), s)
 		q.active += concurrency
 		q.usedAt = time.Now().UnixNano()
@@ -116,7 +116,7 @@ func (m *MQ) subscribeLocked(q *queue, c consumer, concurrency int) *Subscriptio
 	for i := range s.workers {
 		s.workers[i] = &worker{q: q, sub: s, c: c}
 	}
-	q.mu.Lock()
+	q.lock()
 	q.subs = append(slices.Clip(q.subs), s)
 	q.active += concurrency
 	q.workers = append(slices.Clip(q.workers), s.workers...)
@@ -139,7 +139,7 @@ func (m *MQ) subscribeLocked(q *queue, c consumer, concurrency int) *Subscriptio
 // MQ is running, so Stop cannot be waiting on the WaitGroup yet.
 func (m *MQ) startSub(s *Subscription) {
 	q := s.q
-	q.mu.Lock()
+	q.lock()
 	if s.cancelled || s.started {
 		q.mu.Unlock()
 		return
@@ -203,7 +203,7 @@ func (s *Subscription) Cancel(ctx context.Context) error {
 // removeSub cancels s, unless it was: its unbegun entries go back to buf,
 // and its parked workers wake to leave. It reports whether it cancelled s.
 func (q *queue) removeSub(s *Subscription) bool {
-	q.mu.Lock()
+	q.lock()
 	if s.cancelled {
 		q.mu.Unlock()
 		return false

@@ -99,7 +99,7 @@ func (m *MQ) Topology() Topology {
 	}
 	slices.SortFunc(t.Exchanges, func(a, b ExchangeInfo) int { return strings.Compare(a.Name, b.Name) })
 	for _, q := range m.order {
-		q.mu.Lock()
+		q.lock()
 		qi := queueInfo(q.name, q.active, q.cfg)
 		qi.Consumers, qi.Paused = len(q.subs), q.paused
 		q.mu.Unlock()

@@ -229,7 +229,7 @@ func (q *queue) fail(m *Msg, err error) (retrying bool) {
 	// dead letter's end is decided in its target queues: m leaves failing
 	// just before, and should the abort come in between and the dead
 	// letter be dropped because of it, m is counted in lostLate.
-	q.mu.Lock()
+	q.lock()
 	q.c.failed.Add(1)
 	held := !q.aborted
 	if held {
@@ -260,7 +260,7 @@ func (q *queue) endFailing(held bool) (counted bool) {
 	if !held {
 		return false
 	}
-	q.mu.Lock()
+	q.lock()
 	q.failing--
 	counted = q.aborted
 	q.mu.Unlock()
@@ -376,7 +376,7 @@ func (q *queue) wakeThief(w *worker) {
 	if w.n-int(w.next.Load()) <= 0 || q.idle.Load() == 0 || q.waking.Load() > 0 {
 		return
 	}
-	q.mu.Lock()
+	q.lock()
 	wake := q.wakeForLocked(w.n - int(w.next.Load()))
 	q.mu.Unlock()
 	q.wakeAfter(wake, 0)
@@ -387,6 +387,7 @@ func (q *queue) wakeThief(w *worker) {
 // false once the queue is closed and empty.
 func (q *queue) take(w *worker) (entry, bool) {
 	q.mu.Lock()
+	q.pullLocked()
 	if w.held {
 		w.held = false
 		q.busy--
@@ -417,7 +418,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 							q.rateArmed = true
 							q.mu.Unlock() // the scheduler's lock is never taken with a queue's
 							q.mq.sched.add(schedItem{due: time.Unix(0, deadline(time.Now(), wait)), q: q, rate: true})
-							q.mu.Lock()
+							q.lock()
 							continue
 						}
 						goto park
@@ -451,12 +452,23 @@ func (q *queue) take(w *worker) (entry, bool) {
 		// Broadcast could still reach or has reached: a wake that found
 		// this one awake (a topology change's Broadcast, a Signal sent
 		// before it parked) then leaves no count behind.
+		if h := testHookPark.Load(); h != nil {
+			(*h)()
+		}
 		q.idle.Add(1)
+		if q.inbox != nil && q.inbox.ready() {
+			// A publisher wrote it before it could see this worker
+			// idle (see acceptPlain): take it rather than park.
+			q.idle.Add(-1)
+			q.pullLocked()
+			continue
+		}
 		q.cond.Wait()
 		q.idle.Add(-1)
 		if q.waking.Load() > 0 {
 			q.waking.Add(-1)
 		}
+		q.pullLocked()
 	}
 }
 
@@ -714,7 +726,7 @@ func (q *queue) timedOut(dctx context.Context, tc *timedCall) {
 		return
 	}
 	s := tc.w.sub
-	q.mu.Lock()
+	q.lock()
 	fate := callKept
 	if s.abandoned < s.n {
 		fate = callReplaced
@@ -752,7 +764,7 @@ func (q *queue) timedOut(dctx context.Context, tc *timedCall) {
 // abandonedReturned ends the accounting of an abandoned call whose consumer
 // finally returned (or called runtime.Goexit): its goroutine ends now.
 func (q *queue) abandonedReturned(s *Subscription) {
-	q.mu.Lock()
+	q.lock()
 	s.abandoned--
 	q.abandoned--
 	if s.alive--; s.alive == 0 {
