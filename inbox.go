@@ -127,10 +127,12 @@ func (q *queue) lock() {
 	q.drainLocked()
 }
 
-// acceptPlain is accept for a plain publish (no TTL, no delay) to a queue
-// that takes shared entries: it appends e to the inbox without q.mu, and
-// takes the lock only to wake a parked worker, or when the inbox is full.
-// It returns ErrStopped when the queue is closed.
+// acceptPlain is accept for a publish with no deadline (no TTL, no delay)
+// from a publisher's own goroutine, which holds the MQ's read lock (so the
+// queue cannot close meanwhile, see MQ.enqueue): to a queue that takes
+// shared entries, it appends e to the inbox without q.mu, and takes the
+// lock only to wake a parked worker, or when the inbox is full. It returns
+// ErrStopped when the queue is closed.
 //
 // A worker parks only after it counted itself in idle and then saw the
 // inbox's next entry unwritten (see take); a publisher reads idle after it

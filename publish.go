@@ -447,7 +447,13 @@ func (m *MQ) enqueue(r *records, dst []*queue, msgs []*Msg, dl *deadLetter) (roo
 			} else {
 				msg = r.msgFor(q)
 			}
-			if err := q.accept(newEntry(msg, id, r.data), now, pc.ttl); err != nil {
+			var err error
+			if timed {
+				err = q.accept(newEntry(msg, id, r.data), now, pc.ttl)
+			} else {
+				err = q.acceptPlain(newEntry(msg, id, r.data)) // no deadline: without the queue's lock (see inbox)
+			}
+			if err != nil {
 				m.mu.RUnlock()
 				return nil, err
 			}
