@@ -14,34 +14,29 @@ import (
 // queue.acceptPlain). Without it, the publisher and a worker that keeps up
 // took the queue's lock in turn for every message, and spun on it.
 //
-// It is Vyukov's bounded queue with one consumer at a time (the holder of
-// the queue's lock): slot p%inboxSize is free for the publish of position p
-// when its seq is p, and holds that publish's entry once its seq is p+1.
+// It is a bounded ring with one consumer at a time (the holder of the
+// queue's lock): a publisher takes position p with a CAS on enq, once the
+// consumer has freed p-inboxSize, writes slot p%inboxSize, and marks it
+// written by setting its seq to p+1. The consumer frees the slots it moved
+// with one store of freed per move, not one per slot.
 type inbox struct {
 	enq   atomic.Uint64 // the next position to hand a publisher
-	_     [56]byte      // publishers write enq; whoever moves entries reads slots
-	deq   uint64        // the next position to move into buf; under the queue's lock
-	_     [56]byte
+	_     [56]byte      // publishers write enq; the consumer writes freed and deq
+	freed atomic.Uint64 // positions below it are moved out: their slots are free
+	deq   uint64        // the next position to move; under the queue's lock
+	_     [48]byte
 	slots [inboxSize]inboxSlot
 }
 
 // inboxSize is how many entries an inbox holds: enough that a publisher
 // running ahead of the workers takes the queue's lock once per inboxSize
-// messages, small enough for every plain queue to have one (1.5 KiB).
+// messages, small enough for every plain queue to have one (1.6 KiB).
 const inboxSize = 32
 
 type inboxSlot struct {
-	seq atomic.Uint64
-	at  int64 // e's stamp (see chunk)
+	seq atomic.Uint64 // p+1 once it holds the entry of position p
+	at  int64         // e's stamp (see chunk)
 	e   entry
-}
-
-func newInbox() *inbox {
-	b := new(inbox)
-	for i := range b.slots {
-		b.slots[i].seq.Store(uint64(i))
-	}
-	return b
 }
 
 // push appends e, stamped at, and reports whether there was room. It never
@@ -49,16 +44,14 @@ func newInbox() *inbox {
 func (b *inbox) push(e entry, at int64) bool {
 	for {
 		pos := b.enq.Load()
-		s := &b.slots[pos%inboxSize]
-		switch d := int64(s.seq.Load() - pos); {
-		case d == 0:
-			if b.enq.CompareAndSwap(pos, pos+1) {
-				s.e, s.at = e, at
-				s.seq.Store(pos + 1) // publishes e to the lock's holder
-				return true
-			}
-		case d < 0:
+		if pos-b.freed.Load() >= inboxSize {
 			return false // the slot still holds the entry of pos-inboxSize
+		}
+		if b.enq.CompareAndSwap(pos, pos+1) {
+			s := &b.slots[pos%inboxSize]
+			s.e, s.at = e, at
+			s.seq.Store(pos + 1) // publishes e to the lock's holder
+			return true
 		}
 		// Another publisher took pos: try the next.
 	}
@@ -80,9 +73,13 @@ func (q *queue) pullLocked() {
 	if b == nil {
 		return
 	}
+	if !b.ready() {
+		return
+	}
 	for b.ready() {
 		q.moveLocked(b)
 	}
+	b.freed.Store(b.deq)
 }
 
 // drainLocked moves every entry of the inbox whose publisher has a position,
@@ -95,23 +92,26 @@ func (q *queue) drainLocked() {
 		return
 	}
 	end := b.enq.Load()
+	if b.deq == end {
+		return
+	}
 	for b.deq != end {
 		for !b.ready() {
 			runtime.Gosched()
 		}
 		q.moveLocked(b)
 	}
+	b.freed.Store(b.deq)
 }
 
 // moveLocked moves the next entry of b, which is written, to the tail of
-// buf. q.mu is held.
+// buf; the caller frees its slot (see inbox.freed). q.mu is held.
 func (q *queue) moveLocked(b *inbox) {
 	s := &b.slots[b.deq%inboxSize]
 	q.accepted++
 	q.entered++
 	q.buf.push(s.e, s.at)
 	s.e = entry{}
-	s.seq.Store(b.deq + inboxSize) // free for the publish of deq+inboxSize
 	b.deq++
 }
 
@@ -140,13 +140,14 @@ func (q *queue) lock() {
 // sees the other: either the worker takes the entry, or the publisher wakes
 // it.
 func (q *queue) acceptPlain(e entry) error {
-	if q.inbox == nil || q.idle.Load() > 0 {
+	if q.inbox == nil || q.idle.Load() > 0 || q.behind.Load() {
 		return q.accept(e, time.Time{}, 0)
 	}
 	if q.shut.Load() {
 		return ErrStopped
 	}
 	if !q.inbox.push(e, q.mq.sched.stamp()) {
+		q.behind.Store(true)
 		return q.accept(e, time.Time{}, 0) // full: it moves the inbox first
 	}
 	if q.idle.Load() > 0 {

@@ -60,6 +60,12 @@ type queue struct {
 	// inbox takes plain publishes without mu (see acceptPlain); nil unless
 	// the queue takes shared entries. Moved into buf by every holder of mu.
 	inbox *inbox
+	// behind: a publisher found the inbox full, so the workers are behind,
+	// and plain publishes go to buf under mu, as before the inbox, until a
+	// worker empties buf (see refillLocked): through the inbox, each entry
+	// of a backlog would be copied once more on its way into buf. A hint:
+	// either way is correct.
+	behind atomic.Bool
 	// gone: deleted (DeleteQueue or expiry). Written under the MQ's write
 	// lock and q.mu, so readable under either.
 	gone bool
@@ -131,7 +137,7 @@ func newQueue(id int, name string, cfg queueConfig, mq *MQ) *queue {
 	q.cond.L = &q.mu
 	q.tokens = float64(cfg.burst)
 	if q.takesShared() {
-		q.inbox = newInbox()
+		q.inbox = new(inbox)
 	}
 	return q
 }

@@ -387,13 +387,21 @@ func (q *queue) wakeThief(w *worker) {
 // false once the queue is closed and empty.
 func (q *queue) take(w *worker) (entry, bool) {
 	q.mu.Lock()
-	q.pullLocked()
 	if w.held {
 		w.held = false
 		q.busy--
 		q.reportIfQuiescentLocked()
 	}
 	for {
+		if q.buf.n == 0 && !q.paused && q.cfg.rate == 0 && !w.sub.cancelled {
+			if e, ok := q.refillInboxLocked(w); ok {
+				wake := q.wakeIfWaitingLocked()
+				q.mu.Unlock()
+				q.wakeAfter(wake, 0)
+				return e, true
+			}
+		}
+		q.pullLocked() // behind what buf holds, or for a queue that is not taking
 		if w.sub.cancelled {
 			q.leaveLocked(w)
 			// The wake this worker may have taken off waking was counted
@@ -460,7 +468,6 @@ func (q *queue) take(w *worker) (entry, bool) {
 			// A publisher wrote it before it could see this worker
 			// idle (see acceptPlain): take it rather than park.
 			q.idle.Add(-1)
-			q.pullLocked()
 			continue
 		}
 		q.cond.Wait()
@@ -468,7 +475,6 @@ func (q *queue) take(w *worker) (entry, bool) {
 		if q.waking.Load() > 0 {
 			q.waking.Add(-1)
 		}
-		q.pullLocked()
 	}
 }
 
@@ -502,6 +508,15 @@ func (q *queue) refillLocked(w *worker) entry {
 		k = min(max(q.buf.n/max(q.active, 1), 1), maxBatch)
 	}
 	n := q.buf.popRun(w.batch[:k], w.ats[:k])
+	if q.buf.n == 0 && q.behind.Load() {
+		q.behind.Store(false) // caught up: publishers take the inbox again
+	}
+	return q.handLocked(w, n)
+}
+
+// handLocked gives worker w the batch of n entries just written into it,
+// and claims its first. q.mu is held.
+func (q *queue) handLocked(w *worker, n int) entry {
 	w.fresh = n == 1 && q.buf.n == 0 // the queue is not busy: time the call
 	w.n = n
 	w.next.Store(1)
@@ -512,6 +527,33 @@ func (q *queue) refillLocked(w *worker) entry {
 	e := w.batch[0]
 	w.batch[0] = entry{}
 	return e
+}
+
+// refillInboxLocked is refillLocked for an empty buf: it takes w's fair
+// share of the inbox's written entries straight into w's batch, without
+// their passing through buf, and moves the rest into buf. It reports false
+// if the inbox has none. q.mu is held; buf is empty.
+func (q *queue) refillInboxLocked(w *worker) (entry, bool) {
+	b := q.inbox
+	if b == nil || !b.ready() {
+		return entry{}, false
+	}
+	r := uint64(1) // written entries, in order from deq
+	for r < inboxSize && b.slots[(b.deq+r)%inboxSize].seq.Load() == b.deq+r+1 {
+		r++
+	}
+	k := min(max(int(r)/max(q.active, 1), 1), maxBatch)
+	for i := range k {
+		s := &b.slots[b.deq%inboxSize]
+		w.batch[i], w.ats[i] = s.e, s.at
+		s.e = entry{}
+		b.deq++
+	}
+	q.accepted += uint64(k)
+	q.entered += uint64(k)
+	b.freed.Store(b.deq)
+	q.pullLocked()
+	return q.handLocked(w, k), true
 }
 
 // claim takes the next entry of w's own batch, without the lock. A batch
