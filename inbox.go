@@ -30,7 +30,7 @@ type inbox struct {
 
 // inboxSize is how many entries an inbox holds: enough that a publisher
 // running ahead of the workers takes the queue's lock once per inboxSize
-// messages, small enough for every plain queue to have one (1.6 KiB).
+// messages, small enough for every plain queue to have one (1.7 KiB).
 const inboxSize = 32
 
 type inboxSlot struct {

@@ -57,6 +57,7 @@ var promises = []struct {
 		"TestASubscriptionLeavingTakesNoWakeFromTheWorkersThatStay",
 		"TestIdleWorkersWakeForMessagesThatArrive", "TestIdleWorkerStealsFromABatch",
 		"TestParkedWorkerWakesAfterAStrayWake", "TestParkedWorkersWakeAfterEveryTopologyChange",
+		"TestAPublishWhileTheWorkerParksReachesIt", "TestPlainPublishesReachParkedWorkers",
 	}},
 	{"The sums of Stats() hold exactly once a queue is idle, and InFlight never exceeds the queue's concurrency", []string{
 		"TestStatsAreExactUnderConcurrentLoad", "TestStatsSnapshotsStayConsistentWhileMessagesMove",
