@@ -9,8 +9,11 @@ import (
 // inbox is the lock-free front of a plain queue's buffer (see
 // queue.takesShared): a bounded ring that publishers append to without the
 // queue's lock, and that whoever holds the lock moves into buf, in order,
-// before it looks at buf (see queue.lock and queue.pullLocked). A publisher
-// that finds it full, or a worker parked, takes the lock instead (see
+// before it looks at buf (see queue.lock and queue.pullLocked); a worker
+// whose buf is empty takes its batch from it directly (see
+// queue.refillInboxLocked). A publisher that finds a worker parked takes
+// the lock instead, and so does one that finds it full, and every publisher
+// after that until a worker empties buf (see queue.behind and
 // queue.acceptPlain). Without it, the publisher and a worker that keeps up
 // took the queue's lock in turn for every message, and spun on it.
 //
