@@ -79,7 +79,7 @@ type queue struct {
 	expiryArmed bool            // the scheduler holds an expire item for the queue
 	gen         uint32          // purges and deletes so far: a scheduler item of an older gen is gone
 	purgeGen    uint32          // gen right after the last purge: an item older than it was the purge's (see release)
-	idle        atomic.Int32    // workers in cond.Wait, or woken and not yet holding mu again; written under mu (see take, wakeThief)
+	idle        atomic.Int32    // workers in cond.Wait, or woken and not yet holding mu again, or about to park and looking at the inbox once more; written under mu (see take, wakeThief, acceptPlain)
 	waking      atomic.Int32    // wakes sent, or about to be, that no woken worker has taken mu for since (see wakeOneLocked); written under mu
 	scheduled   int             // messages waiting in the scheduler for a delay or a retry
 	stopping    bool            // the MQ is stopping: report when quiescent
