@@ -178,13 +178,18 @@ func plainPublishRounds(t *testing.T, pubs, queues, workers int, meddle bool, ro
 func TestAPublishWhileTheWorkerParksReachesIt(t *testing.T) {
 	m := tinymq.New()
 	got := make(chan int, 2)
+	var armed atomic.Bool
 	require.NoError(t, tinymq.RegisterHandler(m, "ev", tinymq.Fanout, func(_ context.Context, v *inboxStamp) error {
+		if v.seq == 1 {
+			// Armed only now: the worker may still be on its way to its
+			// first park when 1 is published, and 2 must come after 1.
+			armed.Store(true)
+		}
 		got <- v.seq
 		return nil
 	}, 1, tinymq.WithQueueName("q")))
 	require.NoError(t, m.Start(context.Background()))
 	defer stopWithin(t, m)
-	var armed atomic.Bool
 	published := make(chan error, 1)
 	defer tinymq.SetParkHook(func() {
 		if armed.CompareAndSwap(true, false) {
@@ -194,9 +199,8 @@ func TestAPublishWhileTheWorkerParksReachesIt(t *testing.T) {
 			published <- m.Publish("ev", &inboxStamp{seq: 2})
 		}
 	})()
-	armed.Store(true)
-	// The worker is parked: 1 wakes it, and once it handled 1 it finds
-	// nothing and heads for the park, where the hook publishes 2.
+	// 1 reaches the worker, which arms the hook; once it handled 1 it
+	// finds nothing and heads for the park, where the hook publishes 2.
 	require.NoError(t, m.Publish("ev", &inboxStamp{seq: 1}))
 	for want := 1; want <= 2; want++ {
 		select {
