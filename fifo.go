@@ -6,7 +6,7 @@ import (
 )
 
 // chunkSize is how many entries one chunk of a fifo holds.
-const chunkSize = 64
+const chunkSize = 128
 
 // entry is one message waiting in a queue. Most are shared: published with no
 // TTL or delay to a queue with no filter, limit or log (see takesShared).
@@ -14,8 +14,9 @@ const chunkSize = 64
 // (m.shared): its exchange's prototype Msg for a plain message (no routing
 // key, headers or deaths), else one Msg made by the publish. The worker makes
 // the consumer's Msg from m, id and data (a direct consumer needs none), so
-// that Publish allocates at most one record, whatever the number of queues,
-// and a queued message costs a queue 32 bytes (two to a cache line). A
+// that Publish allocates at most one record, whatever the number of queues.
+// A fifo does not keep entries whole (see chunk): a plain message costs a
+// queue 18 bytes, any other 34 at most, stamps aside. A
 // message that a durable queue restored from the log is a restored entry: m
 // is restoredMark and data a *restored, its key in the log; entry.msg makes
 // it a Msg without its value (lazyMsg), which the worker reads (queue.load).
@@ -54,33 +55,225 @@ func (e *entry) msg(queue string) *Msg {
 	return &Msg{ID: e.id, Exchange: p.Exchange, Queue: queue, RoutingKey: p.RoutingKey, Headers: p.Headers, Data: e.data, Deaths: p.Deaths}
 }
 
-// chunk holds chunkSize entries of a fifo and their stamps: as runs while
-// they fit (runs[:nr], their starts rising: run k stamps the entries from
-// runs[k].start to the next run's start), then one per entry (ats).
-// Entries with the same stamp share a run, and the coarse clock gives the
-// same stamp to every entry of one tick (see scheduler.stamp), so that a
-// busy queue's chunk needs a run or two, and a chunk holds 64 entries and
-// 8 runs in 2.2 KiB (36 bytes an entry, where a stamp in each entry made
-// 42). A chunk of a queue whose messages arrive further apart than a tick
-// runs out of runs at its 9th, and then holds its stamps in ats (8 bytes
-// more an entry, as a stamp in the entry cost). Runs hold stamps exactly:
-// the only error in a stamp is the clock's.
+// chunk holds chunkSize entries of a fifo and their stamps, in 2.25 KiB
+// (18 bytes an entry, where whole entries made 36). Of an entry it keeps the
+// data in data, and its m and id as sources while they fit (srcs[:ns], their
+// starts rising: source k gave the entries from srcs[k].start to the next
+// source's start), then one per entry (refs). The entries of a source share
+// its m and have ids rising by one from its id: the plain messages of a
+// fanout exchange (no routing key, headers or deaths: they share their
+// exchange's prototype, see entry) need one source a chunk. An owned entry
+// (no id, no data: see entry) keeps its m in data, under a source of
+// ownedMark, so that a run of them (a queue with a TTL, say) needs one
+// source too. A chunk that
+// runs out of sources (messages with a routing key or headers, which come
+// with a record each) spills to refs: 16 bytes more an entry, as whole
+// entries cost.
+//
+// The stamps come as runs while they fit (runs[:nr], their starts rising:
+// run k stamps the entries from runs[k].start to the next run's start),
+// then one per entry (ats). Entries with the same stamp share a run, and
+// the coarse clock gives the same stamp to every entry of one tick (see
+// scheduler.stamp), so that a busy queue's chunk needs a run or two. A chunk
+// of a queue whose messages arrive further apart runs out of runs at its
+// 7th, and then holds its stamps in ats (8 bytes more an entry). Runs hold
+// stamps exactly: the only error in a stamp is the clock's.
 type chunk struct {
-	entries [chunkSize]entry
-	next    *chunk
-	runs    [chunkRuns]run
-	nr      int
-	ats     *[chunkSize]int64
+	data [chunkSize]any
+	next *chunk
+	ats  *[chunkSize]int64
+	refs *[chunkSize]ref
+	runs [chunkRuns]run
+	nr   int
+	srcs [chunkSrcs]src
+	ns   int
 }
 
 // chunkRuns is how many runs of stamps a chunk holds before it keeps a
-// stamp per entry.
-const chunkRuns = 8
+// stamp per entry, and chunkSrcs how many sources before it keeps an m and
+// an id per entry: as many as fit the chunk's size class (2304 bytes with
+// the 8-byte header the runtime gives an object of pointers this large; see
+// TestAPlainChunkKeepsOnlyEachEntrysData).
+const (
+	chunkRuns = 6
+	chunkSrcs = 4
+)
 
 // run is the stamp at of a chunk's entries from index start on.
 type run struct {
 	start int
 	at    int64
+}
+
+// src is the m of a chunk's entries from index start on, and the id of the
+// one at start; the next ones' rise by one.
+type src struct {
+	start int
+	m     *Msg
+	id    uint64
+}
+
+// ref is an entry's m and id, in a chunk that keeps one per entry.
+type ref struct {
+	m  *Msg
+	id uint64
+}
+
+// ownedMark is the m of a source whose entries are owned: each keeps its m
+// in data, and has no id or data of its own (see chunk).
+var ownedMark = &Msg{}
+
+// isOwned reports whether e is an owned entry as chunk keeps them: its m its
+// own, no id, no data.
+func (e *entry) isOwned() bool {
+	return e.m != nil && !e.m.shared && e.m != restoredMark && e.id == 0 && e.data == nil
+}
+
+// put writes e into slot i, which follows every live entry of c, and
+// reports whether it could: a chunk out of sources needs spillSrcs first.
+func (c *chunk) put(i int, e entry) bool {
+	if c.refs != nil {
+		c.refs[i] = ref{m: e.m, id: e.id}
+		c.data[i] = e.data
+		return true
+	}
+	m, id, data := e.m, e.id, e.data
+	if e.isOwned() {
+		m, id, data = ownedMark, 0, e.m
+	}
+	if c.ns > 0 {
+		if s := &c.srcs[c.ns-1]; s.m == m && (m == ownedMark || s.id+uint64(i-s.start) == id) {
+			c.data[i] = data
+			return true
+		}
+	}
+	if c.ns == chunkSrcs {
+		return false
+	}
+	c.srcs[c.ns] = src{start: i, m: m, id: id}
+	c.ns++
+	c.data[i] = data
+	return true
+}
+
+// putFront writes e into slot i, which comes before every live entry of c
+// (those of [i+1, hi)).
+func (c *chunk) putFront(i int, e entry, hi int) {
+	if c.refs == nil {
+		c.dropSrcsBefore(i + 1)
+		m, id, data := e.m, e.id, e.data
+		if e.isOwned() {
+			m, id, data = ownedMark, 0, e.m
+		}
+		if c.ns > 0 {
+			s := &c.srcs[0]
+			if i+1 > s.start { // the entries before i+1 left: the source starts at the head
+				s.id += uint64(i + 1 - s.start)
+				s.start = i + 1
+			}
+			if s.m == m && (m == ownedMark || s.id == id+1) {
+				s.start, s.id = i, id
+				c.data[i] = data
+				return
+			}
+		}
+		if c.ns < chunkSrcs {
+			copy(c.srcs[1:c.ns+1], c.srcs[:c.ns])
+			c.srcs[0] = src{start: i, m: m, id: id}
+			c.ns++
+			c.data[i] = data
+			return
+		}
+		c.spillSrcs(i+1, hi)
+	}
+	c.refs[i] = ref{m: e.m, id: e.id}
+	c.data[i] = e.data
+}
+
+// dropSrcsBefore forgets the sources whose entries all come before i (they
+// left), keeping the one that gave entry i, so that a chunk that is both
+// filled and drained does not run out of sources, and holds no m of an
+// entry that left but for the head's source.
+func (c *chunk) dropSrcsBefore(i int) {
+	h := 0
+	for h+1 < c.ns && c.srcs[h+1].start <= i {
+		h++
+	}
+	if h > 0 {
+		copy(c.srcs[:], c.srcs[h:c.ns])
+		clear(c.srcs[c.ns-h : c.ns])
+		c.ns -= h
+	}
+}
+
+// spillSrcs moves the m and id of c's live entries, those of [lo, hi), from
+// sources to refs.
+func (c *chunk) spillSrcs(lo, hi int) {
+	c.refs = refsPool.Get().(*[chunkSize]ref)
+	k := 0
+	for i := lo; i < hi; i++ {
+		for k+1 < c.ns && c.srcs[k+1].start <= i {
+			k++
+		}
+		s := &c.srcs[k]
+		if s.m == ownedMark {
+			c.refs[i] = ref{m: c.data[i].(*Msg)}
+			c.data[i] = nil
+		} else {
+			c.refs[i] = ref{m: s.m, id: s.id + uint64(i-s.start)}
+		}
+	}
+	clear(c.srcs[:c.ns])
+	c.ns = 0
+}
+
+// entry returns entry i, which is live.
+func (c *chunk) entry(i int) entry {
+	if c.refs != nil {
+		r := &c.refs[i]
+		return entry{m: r.m, id: r.id, data: c.data[i]}
+	}
+	k := c.ns - 1
+	for k > 0 && c.srcs[k].start > i {
+		k--
+	}
+	return c.srcs[k].entry(i, c.data[i])
+}
+
+// entry returns the entry of index i, with data d, that s gave.
+func (s *src) entry(i int, d any) entry {
+	if s.m == ownedMark {
+		return entry{m: d.(*Msg)}
+	}
+	return entry{m: s.m, id: s.id + uint64(i-s.start), data: d}
+}
+
+// entries writes entries i, i+1, ... into dst, which are live.
+func (c *chunk) entries(i int, dst []entry) {
+	if c.refs != nil {
+		for j := range dst {
+			r := &c.refs[i+j]
+			dst[j] = entry{m: r.m, id: r.id, data: c.data[i+j]}
+		}
+		return
+	}
+	k := 0
+	for j := range dst {
+		for k+1 < c.ns && c.srcs[k+1].start <= i+j {
+			k++
+		}
+		dst[j] = c.srcs[k].entry(i+j, c.data[i+j])
+	}
+}
+
+// free clears slots [i, j), whose entries left.
+func (c *chunk) free(i, j int) {
+	clear(c.data[i:j])
+	if c.refs != nil {
+		clear(c.refs[i:j])
+	} else if c.ns > 1 && c.srcs[1].start <= j {
+		c.dropSrcsBefore(j)
+	}
 }
 
 // stampBack stamps entry i, which follows every live entry of c.
@@ -173,7 +366,13 @@ func (c *chunk) stamps(i int, ats []int64) {
 
 // restart forgets c's stamps: none of its entries is live.
 func (c *chunk) restart() {
+	if c.refs != nil {
+		refsPool.Put(c.refs) // clear: every entry left
+		c.refs = nil
+	}
 	c.nr, c.ats = 0, nil
+	clear(c.srcs[:c.ns])
+	c.ns = 0
 }
 
 // fifo is an unbounded FIFO of entries: a list of fixed-size chunks, so that
@@ -211,9 +410,15 @@ type floor struct {
 // chunk per 64 messages.
 var chunkPool = sync.Pool{New: func() any { return new(chunk) }}
 
+// refsPool holds the refs of chunks that started over, every slot clear,
+// for a chunk that runs out of sources: messages that come with a Msg each
+// do not allocate refs for every chunkSize of them.
+var refsPool = sync.Pool{New: func() any { return new([chunkSize]ref) }}
+
 // putChunk gives c, drained, back to chunkPool.
 func putChunk(c *chunk) {
-	c.next, c.nr, c.ats = nil, 0, nil
+	c.next = nil
+	c.restart()
 	chunkPool.Put(c)
 }
 
@@ -236,7 +441,14 @@ func (f *fifo) push(e entry, at int64) {
 		f.tail.next = c
 		f.tail, f.ti = c, 0
 	}
-	f.tail.entries[f.ti] = e
+	if c := f.tail; !c.put(f.ti, e) {
+		lo := 0 // c's live entries: [lo, f.ti)
+		if c == f.head {
+			lo = f.hi
+		}
+		c.spillSrcs(lo, f.ti)
+		c.put(f.ti, e)
+	}
 	f.tail.stampBack(f.ti, at)
 	f.ti++
 	f.n++
@@ -260,7 +472,11 @@ func (f *fifo) pushFront(e entry, at int64) {
 		f.head, f.hi = c, chunkSize
 	}
 	f.hi--
-	f.head.entries[f.hi] = e
+	hi := chunkSize
+	if f.head == f.tail {
+		hi = f.ti
+	}
+	f.head.putFront(f.hi, e, hi)
 	f.head.stampFront(f.hi, at)
 	f.n++
 	f.pos--
@@ -271,8 +487,8 @@ func (f *fifo) headAt() int64 { return f.head.stamp(f.hi) }
 
 // popOne takes the head, and its stamp; f is not empty.
 func (f *fifo) popOne() (entry, int64) {
-	e, at := f.head.entries[f.hi], f.headAt()
-	f.head.entries[f.hi] = entry{}
+	e, at := f.head.entry(f.hi), f.headAt()
+	f.head.free(f.hi, f.hi+1)
 	f.popped(1)
 	f.settle()
 	return e, at
@@ -286,20 +502,23 @@ func (f *fifo) popOne() (entry, int64) {
 func (f *fifo) popRun(dst []entry, ats []int64) int {
 	got := 0
 	for got < len(dst) && f.n > 0 {
-		run := f.head.entries[f.hi : f.hi+min(len(dst)-got, f.n, chunkSize-f.hi)]
-		k := len(run)
+		c := f.head
+		n := min(len(dst)-got, f.n, chunkSize-f.hi)
+		run := dst[got : got+n]
+		c.entries(f.hi, run)
+		k := n
 		for i := range run {
 			if got+i > 0 && run[i].expiresAt() != 0 {
+				clear(run[i:]) // they stay in f
 				k = i
 				break
 			}
 		}
-		copy(dst[got:], run[:k])
-		clear(run[:k])
-		f.head.stamps(f.hi, ats[got:got+k])
+		c.stamps(f.hi, ats[got:got+k])
+		c.free(f.hi, f.hi+k)
 		got += k
 		f.popped(k)
-		if k < len(run) {
+		if k < n {
 			break // before a deadline
 		}
 	}
@@ -357,26 +576,28 @@ func (f *fifo) oldest() int64 {
 	return at
 }
 
-// each calls fn with every entry, oldest first, until fn returns false.
+// each calls fn with every entry, oldest first, until fn returns false; the
+// entry fn gets is a copy, valid until it returns.
 func (f *fifo) each(fn func(*entry) bool) {
 	c, i := f.head, f.hi
 	for k := 0; k < f.n; k++ {
 		if i == chunkSize {
 			c, i = c.next, 0
 		}
-		if !fn(&c.entries[i]) {
+		e := c.entry(i)
+		if !fn(&e) {
 			return
 		}
 		i++
 	}
 }
 
-// peek returns the oldest entry, or nil when f is empty.
-func (f *fifo) peek() *entry {
+// peek returns the oldest entry, and false when f is empty.
+func (f *fifo) peek() (entry, bool) {
 	if f.n == 0 {
-		return nil
+		return entry{}, false
 	}
-	return &f.head.entries[f.hi]
+	return f.head.entry(f.hi), true
 }
 
 // clear drops every message and chunk.

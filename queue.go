@@ -462,8 +462,8 @@ func deadline(now time.Time, d time.Duration) int64 {
 // for expiry, if it must be told: the head has a deadline earlier than any
 // check already pending. q.mu is held.
 func (q *queue) armExpiryLocked() int64 {
-	h := q.buf.peek()
-	if h == nil {
+	h, ok := q.buf.peek()
+	if !ok {
 		return 0
 	}
 	at := h.expiresAt()
@@ -497,8 +497,8 @@ func (q *queue) expireHead() {
 	q.lock()
 	q.expiryAt = 0
 	for !q.aborted && !q.stillLocked() {
-		h := q.buf.peek()
-		if h == nil || h.expiresAt() == 0 || h.expiresAt() > now {
+		h, ok := q.buf.peek()
+		if !ok || h.expiresAt() == 0 || h.expiresAt() > now {
 			break
 		}
 		e := q.popLocked()

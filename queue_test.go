@@ -62,9 +62,7 @@ func TestFIFOGivesMemoryBackWhenDrained(t *testing.T) {
 		batch = f.pop(batch[:0], min(f.n, maxBatch))
 	}
 	assert.Equal(t, 1, f.chunks(), "a drained fifo keeps one chunk")
-	for _, e := range f.head.entries {
-		assert.Zero(t, e, "popped slots are cleared so messages can be collected")
-	}
+	assertChunkHoldsNothing(t, f.head)
 }
 
 func TestQueueGivesMemoryBackAfterDraining(t *testing.T) {
@@ -210,6 +208,17 @@ func TestPublishAllocationsDoNotGrowWithQueues(t *testing.T) {
 	assert.LessOrEqual(t, allocs(64), 1.0, "a plain fanout publish to 64 queues: their chunks only")
 }
 
+// assertChunkHoldsNothing asserts that c keeps no message alive: popped
+// slots are cleared so that messages can be collected.
+func assertChunkHoldsNothing(t *testing.T, c *chunk) {
+	t.Helper()
+	for i, d := range c.data {
+		assert.Nil(t, d, "slot %d", i)
+	}
+	assert.Nil(t, c.refs)
+	assert.Zero(t, c.srcs)
+}
+
 // pop appends the k oldest entries of f to dst; k <= f.n.
 func (f *fifo) pop(dst []entry, k int) []entry {
 	for range k {
@@ -276,9 +285,7 @@ func TestFifoPopRunEndsBeforeADeadline(t *testing.T) {
 		require.Equal(t, uint64(i), id, "position %d", i)
 	}
 	assert.Equal(t, 1, f.chunks(), "a drained fifo keeps one chunk")
-	for _, e := range f.head.entries {
-		assert.Zero(t, e, "popped slots are cleared so messages can be collected")
-	}
+	assertChunkHoldsNothing(t, f.head)
 }
 
 // A parked worker never leaves a message waiting, even after a wake that
@@ -542,4 +549,150 @@ func TestQueueKeepsItsLockAndFifoEndsOnOneCacheLine(t *testing.T) {
 	// Every size class a queue can fall in is a multiple of 64 bytes, so
 	// offset 0 is the start of a line.
 	assert.Greater(t, unsafe.Sizeof(q), uintptr(1024), "size classes above 1 KiB are multiples of 128 bytes")
+}
+
+// Every entry comes out of a fifo as it went in (its m, id and data),
+// whatever mix of entries a chunk holds (runs of an exchange's record with
+// rising ids, owned entries, restored ones, a record per message) and of
+// pushes, pushes to the front, pops and walks they went through; chunks
+// that run out of sources keep an m and an id per entry, and a plain run
+// needs one source a chunk.
+func TestFifoGivesBackEachEntryAsItWentIn(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	protos := []*Msg{{shared: true}, {shared: true}}
+	ids := []uint64{0, 1 << 40}
+	mix := 0 // a phase's mix: plain messages only, owned ones only, or any
+	gen := func() entry {
+		r := rng.IntN(20)
+		switch mix {
+		case 0:
+			r = 0
+		case 1:
+			r = 12
+		}
+		switch {
+		case r < 12: // an exchange's record, its ids rising; at times a gap (a key this queue missed)
+			p := rng.IntN(len(protos))
+			if mix == 0 {
+				p = 0
+			}
+			ids[p] += 1 + uint64(rng.IntN(20)/19)
+			var data any = ids[p]
+			if rng.IntN(10) == 0 {
+				data = nil // a publish of nil
+			}
+			return entry{m: protos[p], id: ids[p], data: data}
+		case r < 16: // owned: a TTL, a retry
+			m := &Msg{ID: rng.Uint64()}
+			if rng.IntN(4) == 0 {
+				m.ext().expires = 1
+			}
+			return entry{m: m}
+		case r < 18: // a record of its own, shared with other queues
+			return entry{m: &Msg{shared: true}, id: rng.Uint64(), data: rng.Int()}
+		default: // restored from the log
+			return entry{m: restoredMark, id: rng.Uint64(), data: &restored{key: "k"}}
+		}
+	}
+	same := func(step int, what string, got, want entry) {
+		t.Helper()
+		if got.m != want.m || got.id != want.id || got.data != want.data {
+			t.Fatalf("step %d, %s: got entry {%p %d %v}, want {%p %d %v}", step, what, got.m, got.id, got.data, want.m, want.id, want.data)
+		}
+	}
+	var f fifo
+	var model []entry
+	batch := make([]entry, maxBatch)
+	ats := make([]int64, maxBatch)
+	spilled, plain := 0, 0
+	for step := range 200_000 {
+		mix = step / 5000 % 3
+		r := rng.IntN(10)
+		if step%20_000 < 10_000 && r >= 6 && rng.IntN(3) > 0 {
+			r = 0 // a backlog builds up, across chunks, then drains
+		}
+		switch {
+		case r < 5:
+			e := gen()
+			f.push(e, 0)
+			model = append(model, e)
+		case r < 6 && len(model) > 0:
+			if rng.IntN(2) == 0 { // taken and given back, as a worker gives back its batch
+				e, _ := f.popOne()
+				same(step, "popOne", e, model[0])
+				f.pushFront(e, 0)
+			} else { // one before them all, as a retry or a replay
+				e := gen()
+				f.pushFront(e, 0)
+				model = append([]entry{e}, model...)
+			}
+		case r < 7 && len(model) > 0:
+			i := 0
+			f.each(func(e *entry) bool {
+				same(step, fmt.Sprintf("each, entry %d", i), *e, model[i])
+				i++
+				return i < 300
+			})
+			h, ok := f.peek()
+			require.True(t, ok)
+			same(step, "peek", h, model[0])
+		case len(model) > 0:
+			clear(batch)
+			dst := batch[:1+rng.IntN(maxBatch)]
+			n := f.popRun(dst, ats)
+			require.NotZero(t, n)
+			for i := range n {
+				same(step, fmt.Sprintf("popRun entry %d", i), dst[i], model[i])
+			}
+			for _, e := range dst[n:] {
+				require.Zero(t, e, "a batch holds only what it took")
+			}
+			model = model[n:]
+		}
+		require.Equal(t, len(model), f.n)
+		if f.tail != nil && f.ti == chunkSize {
+			if f.tail.refs != nil {
+				spilled++
+			} else {
+				plain++
+			}
+		}
+	}
+	require.NotZero(t, spilled, "some chunks kept an m and an id per entry")
+	require.NotZero(t, plain, "some chunks kept their entries' m and id in sources")
+	for f.n > 0 {
+		f.popRun(batch, ats)
+	}
+	assertChunkHoldsNothing(t, f.head)
+}
+
+// A queue that every message of its exchange reaches keeps, per message,
+// its data and a share of its chunk: 18 bytes, where a whole entry and its
+// stamp cost 36 (the README's memory figures).
+func TestAPlainChunkKeepsOnlyEachEntrysData(t *testing.T) {
+	var before, after runtime.MemStats
+	keep := make([]*chunk, 1000)
+	runtime.ReadMemStats(&before)
+	for i := range keep {
+		keep[i] = new(chunk)
+	}
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(keep)
+	assert.Equal(t, uint64(2304*len(keep)), after.TotalAlloc-before.TotalAlloc, "a chunk takes 2304 bytes (its size class)")
+	var f fifo
+	p := &Msg{shared: true}
+	for i := range 3 * chunkSize {
+		f.push(entry{m: p, id: uint64(i) + 1, data: i}, 0)
+	}
+	for c := f.head; c != nil; c = c.next {
+		assert.Nil(t, c.refs)
+		assert.Equal(t, 1, c.ns, "one source a chunk")
+	}
+	var owned fifo
+	for range 2 * chunkSize {
+		owned.push(entry{m: &Msg{}}, 0)
+	}
+	for c := owned.head; c != nil; c = c.next {
+		assert.Nil(t, c.refs, "owned entries keep their m in data")
+	}
 }
