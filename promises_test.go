@@ -36,7 +36,7 @@ var promises = []struct {
 		"TestFanoutDeliversEveryAcceptedMessageOnceToEveryQueue", "TestEveryQueueGetsItsOwnCopySharingData",
 		"TestEachQueueOwnsItsMsg", "TestConsumersMayKeepAndModifyTheirMsg", "TestKeptMsgIsUntouchedByRetryAndDeadLetter",
 		"TestQueueRegisteredWhilePublishingGetsEveryLaterMessage", "TestTopicQueueWithSeveralMatchingBindingsGetsOneCopy",
-		"TestConcurrentPublishersMayShareOneHeaderTable",
+		"TestConcurrentPublishersMayShareOneHeaderTable", "TestFifoGivesBackEachEntryAsItWentIn",
 	}},
 	{"Without WithRetry the consumer is called once; with WithRetry a message is redelivered after an error or a panic until it succeeds or uses its attempts; Permanent(err) skips the remaining attempts", []string{
 		"TestRetryBackoffIsExponentialCappedAndDeadLetters", "TestPermanentErrorsAndPanics",
