@@ -407,7 +407,7 @@ type floor struct {
 
 // chunkPool holds drained chunks, every slot clear and no stamp kept, for
 // any queue to reuse: a backlog that comes and goes does not allocate a
-// chunk per 64 messages.
+// chunk per chunkSize messages.
 var chunkPool = sync.Pool{New: func() any { return new(chunk) }}
 
 // refsPool holds the refs of chunks that started over, every slot clear,
