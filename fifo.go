@@ -137,12 +137,21 @@ func (c *chunk) put(i int, e entry) bool {
 		c.data[i] = e.data
 		return true
 	}
+	if c.ns > 0 {
+		// The next entry of the last source: the common case, a record's
+		// rising ids. (An owned entry that matches a source of its m gets
+		// back from it what it was: its m, id 0, no data.)
+		if s := &c.srcs[c.ns-1]; s.m == e.m && s.id+uint64(i-s.start) == e.id {
+			c.data[i] = e.data
+			return true
+		}
+	}
 	m, id, data := e.m, e.id, e.data
 	if e.isOwned() {
 		m, id, data = ownedMark, 0, e.m
 	}
 	if c.ns > 0 {
-		if s := &c.srcs[c.ns-1]; s.m == m && (m == ownedMark || s.id+uint64(i-s.start) == id) {
+		if s := &c.srcs[c.ns-1]; s.m == ownedMark && m == ownedMark {
 			c.data[i] = data
 			return true
 		}
@@ -248,22 +257,50 @@ func (s *src) entry(i int, d any) entry {
 	return entry{m: s.m, id: s.id + uint64(i-s.start), data: d}
 }
 
-// entries writes entries i, i+1, ... into dst, which are live.
-func (c *chunk) entries(i int, dst []entry) {
+// entries writes entries i, i+1, ... into dst, which are live, up to the
+// first with a deadline (see entry.expiresAt) unless that one is dst's
+// first and first is set, and returns how many it wrote. Entries of a
+// shared record never have one, so a source of one is copied without a
+// look at each.
+func (c *chunk) entries(i int, dst []entry, first bool) int {
 	if c.refs != nil {
 		for j := range dst {
 			r := &c.refs[i+j]
 			dst[j] = entry{m: r.m, id: r.id, data: c.data[i+j]}
+			if (j > 0 || !first) && dst[j].expiresAt() != 0 {
+				dst[j] = entry{}
+				return j
+			}
 		}
-		return
+		return len(dst)
 	}
-	k := 0
-	for j := range dst {
-		for k+1 < c.ns && c.srcs[k+1].start <= i+j {
-			k++
+	k := c.ns - 1
+	for k > 0 && c.srcs[k].start > i {
+		k--
+	}
+	for j := 0; j < len(dst); k++ {
+		s := &c.srcs[k]
+		end := len(dst)
+		if k+1 < c.ns {
+			end = min(end, c.srcs[k+1].start-i)
 		}
-		dst[j] = c.srcs[k].entry(i+j, c.data[i+j])
+		if s.m.shared {
+			id := s.id + uint64(i+j-s.start)
+			for ; j < end; j++ {
+				dst[j] = entry{m: s.m, id: id, data: c.data[i+j]}
+				id++
+			}
+			continue
+		}
+		for ; j < end; j++ {
+			dst[j] = s.entry(i+j, c.data[i+j])
+			if (j > 0 || !first) && dst[j].expiresAt() != 0 {
+				dst[j] = entry{}
+				return j
+			}
+		}
 	}
+	return len(dst)
 }
 
 // free clears slots [i, j), whose entries left.
@@ -504,16 +541,7 @@ func (f *fifo) popRun(dst []entry, ats []int64) int {
 	for got < len(dst) && f.n > 0 {
 		c := f.head
 		n := min(len(dst)-got, f.n, chunkSize-f.hi)
-		run := dst[got : got+n]
-		c.entries(f.hi, run)
-		k := n
-		for i := range run {
-			if got+i > 0 && run[i].expiresAt() != 0 {
-				clear(run[i:]) // they stay in f
-				k = i
-				break
-			}
-		}
+		k := c.entries(f.hi, dst[got:got+n], got == 0)
 		c.stamps(f.hi, ats[got:got+k])
 		c.free(f.hi, f.hi+k)
 		got += k

@@ -647,7 +647,13 @@ func TestFifoGivesBackEachEntryAsItWentIn(t *testing.T) {
 			for _, e := range dst[n:] {
 				require.Zero(t, e, "a batch holds only what it took")
 			}
+			for i := 1; i < n; i++ {
+				require.Zero(t, dst[i].expiresAt(), "step %d: a deadline in a batch but first", step)
+			}
 			model = model[n:]
+			if n < len(dst) && len(model) > 0 {
+				require.NotZero(t, model[0].expiresAt(), "step %d: a batch ends early only before a deadline", step)
+			}
 		}
 		require.Equal(t, len(model), f.n)
 		if f.tail != nil && f.ti == chunkSize {
