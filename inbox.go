@@ -33,7 +33,8 @@ type inbox struct {
 
 // inboxSize is how many entries an inbox holds: enough that a publisher
 // running ahead of the workers takes the queue's lock once per inboxSize
-// messages, small enough for every plain queue to have one (1.7 KiB).
+// messages, small enough for every plain queue that gets publishes to have
+// one (1.7 KiB; see newInbox).
 const inboxSize = 32
 
 type inboxSlot struct {
@@ -72,7 +73,7 @@ func (b *inbox) ready() bool {
 // still being written is moved by its publisher's wake or by the next
 // caller. q.mu is held.
 func (q *queue) pullLocked() {
-	b := q.inbox
+	b := q.inbox.Load()
 	if b == nil {
 		return
 	}
@@ -90,7 +91,7 @@ func (q *queue) pullLocked() {
 // nothing else, so the wait is short), so that the caller sees every publish
 // that returned before it took the lock. q.mu is held.
 func (q *queue) drainLocked() {
-	b := q.inbox
+	b := q.inbox.Load()
 	if b == nil {
 		return
 	}
@@ -143,13 +144,17 @@ func (q *queue) lock() {
 // sees the other: either the worker takes the entry, or the publisher wakes
 // it.
 func (q *queue) acceptPlain(e entry) error {
-	if q.inbox == nil || q.idle.Load() > 0 || q.behind.Load() {
+	if !q.plain || q.idle.Load() > 0 || q.behind.Load() {
 		return q.accept(e, time.Time{}, 0)
 	}
 	if q.shut.Load() {
 		return ErrStopped
 	}
-	if !q.inbox.push(e, q.mq.sched.stamp()) {
+	b := q.inbox.Load()
+	if b == nil {
+		b = q.newInbox()
+	}
+	if !b.push(e, q.mq.sched.stamp()) {
 		q.behind.Store(true)
 		return q.accept(e, time.Time{}, 0) // full: it moves the inbox first
 	}
@@ -160,4 +165,17 @@ func (q *queue) acceptPlain(e entry) error {
 		q.wakeAfter(wake, 0)
 	}
 	return nil
+}
+
+// newInbox gives q its inbox, at the first publish that would use it, so
+// that a queue that never gets one keeps none (1.7 KiB). Publishers may race
+// to make it: the first one's is kept. A worker or a holder of mu that
+// loaded none found nothing to move: a publisher that installs the inbox
+// writes its entry after that, and then looks at idle (see acceptPlain).
+func (q *queue) newInbox() *inbox {
+	b := new(inbox)
+	if q.inbox.CompareAndSwap(nil, b) {
+		return b
+	}
+	return q.inbox.Load()
 }

@@ -57,9 +57,12 @@ type queue struct {
 	name string
 	cfg  queueConfig
 	mq   *MQ
-	// inbox takes plain publishes without mu (see acceptPlain); nil unless
-	// the queue takes shared entries. Moved into buf by every holder of mu.
-	inbox *inbox
+	// inbox takes plain publishes without mu (see acceptPlain); nil until
+	// the first of them (see newInbox), and for good unless plain (the
+	// queue takes shared entries, see takesShared). Moved into buf by every
+	// holder of mu.
+	inbox atomic.Pointer[inbox]
+	plain bool
 	// behind: a publisher found the inbox full, so the workers are behind,
 	// and plain publishes go to buf under mu, as before the inbox, until a
 	// worker empties buf (see refillLocked): through the inbox, each entry
@@ -136,9 +139,7 @@ func newQueue(id int, name string, cfg queueConfig, mq *MQ) *queue {
 	}
 	q.cond.L = &q.mu
 	q.tokens = float64(cfg.burst)
-	if q.takesShared() {
-		q.inbox = new(inbox)
-	}
+	q.plain = q.takesShared()
 	return q
 }
 

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -701,4 +702,46 @@ func TestAPlainChunkKeepsOnlyEachEntrysData(t *testing.T) {
 	for c := owned.head; c != nil; c = c.next {
 		assert.Nil(t, c.refs, "owned entries keep their m in data")
 	}
+}
+
+// A queue gets its inbox (1.7 KiB) at its first publish that would use it:
+// a queue that never gets one, or cannot take one (a TTL), keeps none.
+func TestAQueueGetsAnInboxAtItsFirstPlainPublish(t *testing.T) {
+	m := New()
+	require.NoError(t, m.DeclareQueue("plain", "ev", Fanout))
+	require.NoError(t, m.DeclareQueue("ttl", "timed", Fanout, WithMessageTTL(time.Hour)))
+	require.NoError(t, m.DeclareQueue("idle", "other", Fanout))
+	require.NoError(t, m.Start(context.Background()))
+	defer m.Stop()
+	for _, name := range []string{"plain", "ttl", "idle"} {
+		assert.Nil(t, m.queues[name].inbox.Load(), "%s: no inbox before a publish", name)
+	}
+	require.NoError(t, m.Publish("ev", 1))
+	require.NoError(t, m.Publish("timed", 1))
+	assert.NotNil(t, m.queues["plain"].inbox.Load(), "a plain publish made it")
+	assert.Nil(t, m.queues["ttl"].inbox.Load(), "a queue with a TTL takes no plain publish")
+	assert.Nil(t, m.queues["idle"].inbox.Load(), "a queue that got nothing keeps none")
+	st := m.Stats().Queues
+	assert.Equal(t, 1, st["plain"].Depth)
+	assert.Equal(t, 1, st["ttl"].Depth)
+
+	// Publishers racing to make a queue's inbox: one is kept, and every
+	// publish lands in the queue.
+	require.NoError(t, m.DeclareQueue("raced", "race", Fanout))
+	const pubs, each = 8, 100
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range pubs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for i := range each {
+				assert.NoError(t, m.Publish("race", i))
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	assert.Equal(t, pubs*each, m.Stats().Queues["raced"].Depth)
 }

@@ -464,7 +464,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 			(*h)()
 		}
 		q.idle.Add(1)
-		if q.inbox != nil && q.inbox.ready() {
+		if b := q.inbox.Load(); b != nil && b.ready() {
 			// A publisher wrote it before it could see this worker
 			// idle (see acceptPlain): take it rather than park.
 			q.idle.Add(-1)
@@ -534,7 +534,7 @@ func (q *queue) handLocked(w *worker, n int) entry {
 // their passing through buf, and moves the rest into buf. It reports false
 // if the inbox has none. q.mu is held; buf is empty.
 func (q *queue) refillInboxLocked(w *worker) (entry, bool) {
-	b := q.inbox
+	b := q.inbox.Load()
 	if b == nil || !b.ready() {
 		return entry{}, false
 	}
