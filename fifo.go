@@ -415,7 +415,7 @@ func (c *chunk) restart() {
 // fifo is an unbounded FIFO of entries: a list of fixed-size chunks, so that
 // neither push nor pop ever copies the buffer. Popped slots are cleared at once
 // and drained chunks go back to chunkPool, so a queue that drains keeps one
-// chunk (2.2 KiB) and the rest is collected unless another queue reuses it.
+// chunk (2.25 KiB) and the rest is collected unless another queue reuses it.
 //
 // The stamps of a fifo's entries (see chunk) rise from head to tail, except
 // where an entry joins behind newer ones (a group's next message, which got
