@@ -11,9 +11,9 @@ import (
 // queue's lock, and that whoever holds the lock moves into buf, in order,
 // before it looks at buf (see queue.lock and queue.pullLocked); a worker
 // whose buf is empty takes its batch from it directly (see
-// queue.refillInboxLocked). A publisher that finds a worker parked takes
-// the lock instead, and so does one that finds it full, and every publisher
-// after that until a worker empties buf (see queue.behind and
+// queue.refillInboxLocked), and one whose buf holds entries leaves it alone.
+// A publisher that finds a worker parked takes the lock instead, and one
+// that finds it full takes the lock to move it into buf (see
 // queue.acceptPlain). Without it, the publisher and a worker that keeps up
 // took the queue's lock in turn for every message, and spun on it.
 //
@@ -144,7 +144,7 @@ func (q *queue) lock() {
 // sees the other: either the worker takes the entry, or the publisher wakes
 // it.
 func (q *queue) acceptPlain(e entry) error {
-	if !q.plain || q.idle.Load() > 0 || q.behind.Load() {
+	if !q.plain || q.idle.Load() > 0 {
 		return q.accept(e, time.Time{}, 0)
 	}
 	if q.shut.Load() {
@@ -155,7 +155,6 @@ func (q *queue) acceptPlain(e entry) error {
 		b = q.newInbox()
 	}
 	if !b.push(e, q.mq.sched.stamp()) {
-		q.behind.Store(true)
 		return q.accept(e, time.Time{}, 0) // full: it moves the inbox first
 	}
 	if q.idle.Load() > 0 {

@@ -63,12 +63,6 @@ type queue struct {
 	// holder of mu.
 	inbox atomic.Pointer[inbox]
 	plain bool
-	// behind: a publisher found the inbox full, so the workers are behind,
-	// and plain publishes go to buf under mu, as before the inbox, until a
-	// worker empties buf (see refillLocked): through the inbox, each entry
-	// of a backlog would be copied once more on its way into buf. A hint:
-	// either way is correct.
-	behind atomic.Bool
 	// gone: deleted (DeleteQueue or expiry). Written under the MQ's write
 	// lock and q.mu, so readable under either.
 	gone bool

@@ -401,7 +401,17 @@ func (q *queue) take(w *worker) (entry, bool) {
 				return e, true
 			}
 		}
-		q.pullLocked() // behind what buf holds, or for a queue that is not taking
+		if q.paused || q.cfg.rate > 0 || w.sub.cancelled {
+			// A queue that is not taking moves the inbox into buf, where
+			// Depth, a purge and the next worker see it. One that takes
+			// leaves it while buf holds entries, which are older (every
+			// holder of mu but a worker moves the inbox before it pushes,
+			// see queue.lock): it takes from buf first and from the inbox
+			// once buf is empty (see refillInboxLocked), so that an entry
+			// is copied into buf only by a publisher that found the inbox
+			// full, 32 at a time under one lock.
+			q.pullLocked()
+		}
 		if w.sub.cancelled {
 			q.leaveLocked(w)
 			// The wake this worker may have taken off waking was counted
@@ -508,9 +518,6 @@ func (q *queue) refillLocked(w *worker) entry {
 		k = min(max(q.buf.n/max(q.active, 1), 1), maxBatch)
 	}
 	n := q.buf.popRun(w.batch[:k], w.ats[:k])
-	if q.buf.n == 0 && q.behind.Load() {
-		q.behind.Store(false) // caught up: publishers take the inbox again
-	}
 	return q.handLocked(w, n)
 }
 
