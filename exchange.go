@@ -352,6 +352,20 @@ func (e *exchange) detach(q *queue, specs []BindingSpec) {
 	}
 }
 
+// acceptPlain publishes data as a plain message (see plain): one ID, one
+// entry, which each queue takes without its lock (see queue.acceptPlain). It
+// returns the ID, and ErrStopped if a queue closed: Stop has begun. The
+// caller holds the MQ's read lock.
+func (e *exchange) acceptPlain(data any) (uint64, error) {
+	en := entry{m: e.proto, id: e.seq.Add(1), data: data}
+	for _, q := range e.all {
+		if err := q.acceptPlain(en); err != nil {
+			return en.id, err
+		}
+	}
+	return en.id, nil
+}
+
 // route returns each queue that the message matches, once: for a fanout or
 // direct exchange its own list, which the caller must not modify, else dst
 // with the queues appended. The caller holds the MQ's read lock, and bind

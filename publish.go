@@ -47,6 +47,11 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 	if m.pubChain != nil {
 		return m.publishThrough(ctx, exchange, data, opts)
 	}
+	if len(opts) == 0 {
+		if done, err := m.publishPlain(exchange, data); done {
+			return err
+		}
+	}
 	r := records{data: data} // on the stack: publishThrough has its own
 	if len(opts) > 0 {
 		if err := r.pc.apply(opts); err != nil {
@@ -54,6 +59,41 @@ func (m *MQ) PublishContext(ctx context.Context, exchange string, data any, opts
 		}
 	}
 	return m.publishChecked(ctx, exchange, &r)
+}
+
+// publishPlain is PublishContext for a publish with no options, to the
+// exchange last published to, when that publish is plain (see
+// exchange.plain) and nothing is durable: the common case, without the
+// records the general path fills in. It reports whether it published (or
+// refused data too large, or saw Stop begun); when it did not, the general
+// path takes the publish from the start.
+func (m *MQ) publishPlain(name string, data any) (done bool, err error) {
+	if m.engine != nil || m.anyDurable.Load() {
+		return false, nil
+	}
+	if err := m.checkSize(data); err != nil { // WithMaxMessageSize
+		return true, err
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.state >= stateStopping {
+		return true, ErrStopped
+	}
+	ex := m.lastEx.Load()
+	if ex == nil || ex.name != name || !m.takesPlain(ex, data) {
+		return false, nil
+	}
+	_, err = ex.acceptPlain(data)
+	return true, err
+}
+
+// takesPlain reports whether a publish of data with no options to ex is
+// plain: one entry that every queue of ex takes as it is (see
+// exchange.plain). The caller holds the read lock.
+func (m *MQ) takesPlain(ex *exchange, data any) bool {
+	// Data that does not fit a typed queue takes the general path, which
+	// says why.
+	return ex.plain && m.dur == nil && (!ex.typed || payloadFits(ex.oneType, data))
 }
 
 // publishChecked is PublishContext once the options are applied (and the
@@ -229,21 +269,10 @@ func (m *MQ) publish(name string, r *records, dl *deadLetter) (room <-chan struc
 		m.lastEx.Store(ex)
 	}
 	r.ex = ex
-	if dl == nil && ex.plain && m.dur == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 && pc.group == "" &&
-		(!ex.typed || payloadFits(ex.oneType, r.data)) { // data that does not fit takes the slow path, which says why
-		// The common case: no option, to a fanout exchange whose queues all
-		// take plain entries (see exchange.plain), with nothing to decide per
-		// queue: one ID, one entry, each queue takes it.
-		e := entry{m: ex.proto, id: ex.seq.Add(1), data: r.data}
-		r.id = e.id
-		for _, q := range ex.all {
-			if err := q.acceptPlain(e); err != nil {
-				m.mu.RUnlock()
-				return nil, err // aborted: Stop has begun
-			}
-		}
+	if dl == nil && pc.routingKey == "" && pc.headers == nil && pc.ttl == 0 && pc.delay == 0 && pc.group == "" && m.takesPlain(ex, r.data) {
+		r.id, err = ex.acceptPlain(r.data)
 		m.mu.RUnlock()
-		return nil, nil
+		return nil, err
 	}
 	var qbuf [8]*queue
 	// Follow alternate exchanges; a cycle ends after every exchange was tried.
