@@ -15,6 +15,10 @@ import (
 	"github.com/tinymq/tinymq"
 )
 
+// orderSeq is a message of TestOneWorkerKeepsPublishOrderAcrossInboxAndBuffer:
+// its place in the publisher's sequence.
+type orderSeq struct{ N int }
+
 // inboxStamp is a message of TestPlainPublishesReachParkedWorkers: which
 // publisher sent it, and its place in that publisher's sequence.
 type inboxStamp struct{ pub, seq int }
@@ -211,4 +215,125 @@ func TestAPublishWhileTheWorkerParksReachesIt(t *testing.T) {
 		}
 	}
 	require.NoError(t, <-published)
+}
+
+// A queue's one worker delivers in publish order whichever way each message
+// came in: plain publishes through the inbox without the queue's lock (a
+// burst larger than the inbox moves it into the buffer under the lock), and
+// publishes with their own TTL under the lock into the buffer, which moves
+// the inbox first, while the worker takes from the buffer before the inbox
+// (see take). Meanwhile the consumer blocks now and then, and another
+// goroutine calls Stats, Peek, Pause and Resume, which move the inbox too
+// and give the worker's batch back.
+func TestOneWorkerKeepsPublishOrderAcrossInboxAndBuffer(t *testing.T) {
+	for rep := range 4 {
+		t.Run(fmt.Sprint(rep), func(t *testing.T) {
+			m := tinymq.New(quiet())
+			var mu sync.Mutex
+			last := -1
+			var bad []string
+			got := 0
+			done := make(chan struct{})
+			const total = 3000
+			gate := make(chan struct{}, 1)
+			err := m.RegisterQueue("ev", tinymq.Fanout, func(_ context.Context, msg *tinymq.Msg) error {
+				n := msg.Data.(*orderSeq).N
+				if n%97 == 0 {
+					select { // block a little, until the meddler says go (bounded)
+					case <-gate:
+					case <-time.After(50 * time.Millisecond):
+					}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if n <= last {
+					bad = append(bad, fmt.Sprintf("%d after %d", n, last))
+				}
+				last = n
+				got++
+				if got == total {
+					close(done)
+				}
+				return nil
+			}, 1, tinymq.WithQueueName("q"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Some published before Start.
+			n := 0
+			for ; n < 50; n++ {
+				if err := m.Publish("ev", &orderSeq{n}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := m.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer m.Stop()
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				r := rand.New(rand.NewPCG(uint64(rep), 1))
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					switch r.IntN(6) {
+					case 0:
+						_ = m.Stats()
+					case 1:
+						_, _ = m.Peek("q", 1+r.IntN(40))
+					case 2:
+						_ = m.PauseQueue("q")
+						for range r.IntN(50) {
+							runtime.Gosched()
+						}
+						_ = m.ResumeQueue("q")
+					case 3:
+						select {
+						case gate <- struct{}{}:
+						default:
+						}
+					default:
+						runtime.Gosched()
+					}
+				}
+			})
+			r := rand.New(rand.NewPCG(uint64(rep), 2))
+			for n < total {
+				burst := 1 + r.IntN(100)
+				for i := 0; i < burst && n < total; i++ {
+					var err error
+					if r.IntN(10) == 0 {
+						err = m.Publish("ev", &orderSeq{n}, tinymq.WithExpiration(time.Hour))
+					} else {
+						err = m.Publish("ev", &orderSeq{n})
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					n++
+				}
+				for range r.IntN(200) {
+					runtime.Gosched()
+				}
+			}
+			select {
+			case <-done:
+			case <-time.After(wait):
+				mu.Lock()
+				t.Errorf("got %d of %d; stats %+v", got, total, m.Stats().Queues["q"])
+				mu.Unlock()
+			}
+			close(stop)
+			wg.Wait()
+			mu.Lock()
+			if len(bad) > 0 {
+				t.Errorf("out of order (%d): %v", len(bad), bad[:min(len(bad), 10)])
+			}
+			mu.Unlock()
+		})
+	}
 }

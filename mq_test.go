@@ -1454,3 +1454,68 @@ func TestShutdownBeforeStartWithAnEndedContextSaysWhatItDropped(t *testing.T) {
 		m.Stop()
 	}
 }
+
+// A publish with no options to the exchange last published to takes a
+// shorter path when the message is plain (see MQ.publishPlain): a repeated
+// publish must fail exactly as a first one would, whatever changed in
+// between.
+func TestARepeatedPublishFailsAsAFirstOneWould(t *testing.T) {
+	m := tinymq.New(quiet(), tinymq.WithMaxMessageSize(8))
+	got := make(chan int, 10)
+	require.NoError(t, tinymq.RegisterHandler(m, "typed", tinymq.Fanout, func(_ context.Context, v *orderSeq) error {
+		got <- v.N
+		return nil
+	}, 1))
+	require.NoError(t, m.RegisterQueue("ev", tinymq.Fanout, func(context.Context, *tinymq.Msg) error { return nil }, 1, tinymq.WithQueueName("q")))
+
+	// Before Start, and then again on the shorter path.
+	require.NoError(t, m.Publish("ev", []byte("x")))
+	require.NoError(t, m.Publish("ev", []byte("x")))
+	require.ErrorIs(t, m.Publish("ev", []byte("0123456789")), tinymq.ErrTooLarge)
+	require.ErrorIs(t, m.Publish("nope", []byte("x")), tinymq.ErrUnknownExchange)
+	require.NoError(t, m.Publish("typed", &orderSeq{1}))
+	require.NoError(t, m.Publish("typed", &orderSeq{2}))
+	require.ErrorIs(t, m.Publish("typed", "s"), tinymq.ErrPayloadType)
+	require.ErrorIs(t, m.Publish("typed", 5), tinymq.ErrPayloadType)
+
+	require.NoError(t, m.Start(context.Background()))
+	assert.ElementsMatch(t, []int{1, 2}, recv(t, got, 2))
+	require.NoError(t, m.Publish("ev", []byte("x")))
+	require.NoError(t, m.Unbind("q", "ev"))
+	require.ErrorIs(t, m.Publish("ev", []byte("x")), tinymq.ErrNoRoute)
+	require.NoError(t, m.Bind("q", "ev", tinymq.Fanout))
+	require.NoError(t, m.Publish("ev", []byte("x")))
+	require.NoError(t, m.Publish("ev", []byte("x")))
+	require.NoError(t, m.DeleteExchange("ev"))
+	require.ErrorIs(t, m.Publish("ev", []byte("x")), tinymq.ErrUnknownExchange)
+	require.NoError(t, m.DeclareExchange("ev", tinymq.Fanout))
+	require.ErrorIs(t, m.Publish("ev", []byte("x")), tinymq.ErrNoRoute)
+	require.NoError(t, m.Publish("typed", &orderSeq{3}))
+	assert.Equal(t, []int{3}, recv(t, got, 1))
+
+	// Once Stop has begun, while a consumer still holds it up and the
+	// queues are open, a publish is refused.
+	in, release := make(chan struct{}), make(chan struct{})
+	require.NoError(t, m.RegisterQueue("slow", tinymq.Fanout, func(context.Context, *tinymq.Msg) error {
+		close(in)
+		<-release
+		return nil
+	}, 1))
+	require.NoError(t, m.Publish("slow", []byte("x")))
+	closedWithin(t, in, "the slow consumer's call")
+	require.NoError(t, m.Publish("typed", &orderSeq{4}))
+	assert.Equal(t, []int{4}, recv(t, got, 1))
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		m.Stop()
+	}()
+	deadline := time.Now().Add(wait)
+	for !errors.Is(m.Publish("nope", []byte("x")), tinymq.ErrStopped) { // the exchange last published to stays "typed"
+		require.True(t, time.Now().Before(deadline), "Stop did not begin")
+		runtime.Gosched()
+	}
+	require.ErrorIs(t, m.Publish("typed", &orderSeq{5}), tinymq.ErrStopped)
+	close(release)
+	closedWithin(t, stopped, "Stop")
+}

@@ -76,6 +76,7 @@ var promises = []struct {
 	}},
 	{"Ordering: with concurrency 1, a queue delivers in publish order; a retried message goes to the back when its backoff ends; a delayed message joins when its delay ends", []string{
 		"TestConcurrencyOneDeliversInPublishOrder", "TestDelayedDelivery", "TestRetryDoesNotHoldTheWorker",
+		"TestOneWorkerKeepsPublishOrderAcrossInboxAndBuffer",
 	}},
 	{"With concurrency above 1 the workers run side by side", []string{
 		"TestExactlyConcurrencyWorkers", "TestConcurrencyNRunsNConsumersSideBySide",
@@ -233,6 +234,7 @@ var promises = []struct {
 	}},
 	{"Typed publish: a queue of a typed consumer takes only T, other data refused at Publish with ErrPayloadType, all or nothing, the same in memory and durable", []string{
 		"TestTypedPublishRefusesDataOfAnotherType", "TestTypedPublishIsAllOrNothing", "TestTypedPublishInMemoryAndDurableQueuesAgree",
+		"TestARepeatedPublishFailsAsAFirstOneWould",
 	}},
 	{"The job features together keep the ledger", []string{"TestTimeoutRateLimitAndDedupTortureKeepsTheLedger"}},
 	// Middleware, defaults
