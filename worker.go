@@ -393,7 +393,10 @@ func (q *queue) take(w *worker) (entry, bool) {
 		q.reportIfQuiescentLocked()
 	}
 	for {
-		if q.buf.n == 0 && !q.paused && q.cfg.rate == 0 && !w.sub.cancelled {
+		// A rate limit counts each delivery's token (see tokenLocked), so
+		// such a queue takes only through buf.
+		taking := !q.paused && q.cfg.rate == 0 && !w.sub.cancelled
+		if taking && q.buf.n == 0 {
 			if e, ok := q.refillInboxLocked(w); ok {
 				wake := q.wakeIfWaitingLocked()
 				q.mu.Unlock()
@@ -401,7 +404,7 @@ func (q *queue) take(w *worker) (entry, bool) {
 				return e, true
 			}
 		}
-		if q.paused || q.cfg.rate > 0 || w.sub.cancelled {
+		if !taking {
 			// A queue that is not taking moves the inbox into buf, where
 			// Depth, a purge and the next worker see it. One that takes
 			// leaves it while buf holds entries, which are older (every
